@@ -1,0 +1,137 @@
+"""Fast tests of the ``hasten`` command (tiny sizes, no compilation)."""
+
+import json
+
+import pytest
+
+from hasten.cli import build_parser, main
+
+
+def test_help_teaches_with_examples(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for word in ("demo", "bench", "doctor", "examples:", "--json"):
+        assert word in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--help"],
+        ["bench", "compile", "--help"],
+        ["bench", "sift", "--help"],
+        ["doctor", "--help"],
+    ],
+)
+def test_every_command_has_help(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0
+    assert "usage: hasten" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "compile", "--models", "gpt3"], "'gpt3' is not one of"),
+        (["bench", "compile", "--precision", "fp8"], "'fp8' is not one of"),
+        (["bench", "sift", "--seeds", "0"], "positive integer"),
+        (["bench", "sift", "--beta", "x"], "could not convert"),
+        (["bench", "sift", "--datasets", "imagenet"], "not one of"),
+        (["bench"], "required"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_reason(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_runtime_errors_are_one_line_not_a_traceback(capsys):
+    assert (
+        main(["bench", "sift", "--datasets", "digits", "--policies", "magic", "--no-progress"]) == 1
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("hasten: error: unknown policy family 'magic'")
+
+
+def test_doctor_prints_checks_and_writes_json(tmp_path, capsys):
+    path = tmp_path / "doctor.json"
+    code = main(["doctor", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert "C++ compiler" in out and "checks:" in out
+    checks = json.loads(path.read_text())["checks"]
+    assert code == (1 if any(c["status"] == "fail" for c in checks) else 0)
+
+
+def test_bench_compile_tiny_eager(tmp_path, capsys):
+    path = tmp_path / "compile.json"
+    code = main(
+        [
+            "bench",
+            "compile",
+            "--size",
+            "tiny",
+            "--models",
+            "mlp",
+            "--candidates",
+            "eager",
+            "--rounds",
+            "2",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--matmul-n",
+            "64",
+            "--threads",
+            "1",
+            "--no-progress",
+            "--json",
+            str(path),
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "mlp-tiny" in out and "speedup vs eager" in out
+    result = json.loads(path.read_text())
+    cand = result["results"][0]["candidates"][0]
+    assert cand["name"] == "eager" and len(cand["step_times"]) == 2
+
+
+def test_bench_sift_baseline_only(tmp_path, capsys):
+    path = tmp_path / "sift.json"
+    code = main(
+        [
+            "bench",
+            "sift",
+            "--datasets",
+            "digits",
+            "--seeds",
+            "2",
+            "--policies",
+            "none",
+            "--epochs",
+            "1",
+            "--threads",
+            "1",
+            "--no-progress",
+            "--json",
+            str(path),
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "digits" in out and "forward=1, backward=2" in out
+    result = json.loads(path.read_text())
+    assert [r["seed"] for r in result["runs"]] == [0, 1]
+
+
+def test_parser_defaults_match_the_issue():
+    args = build_parser().parse_args(["bench", "compile"])
+    assert args.models == ["gpt2", "bert", "roberta", "cnn"] and args.size == "small"
+    args = build_parser().parse_args(["bench", "sift"])
+    assert args.datasets == ["digits", "mnist1d", "text"] and args.beta == [0.5, 1.0]
