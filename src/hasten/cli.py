@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "examples:\n"
-            "  hasten demo                      MNIST-1D, 1-D CNN, target 90% (a few minutes)\n"
+            "  hasten demo                      MNIST-1D, 1-D CNN, target 92% (a few minutes)\n"
             "  hasten demo --quick              digits in seconds (smoke test)\n"
             "  hasten demo --out results/demo   where demo.png and demo.json go\n"
         ),

@@ -78,7 +78,10 @@ def sifting_loader(
         def loss(
             self, model: nn.Module, transformed_batch: Any, original_batch: Any = None
         ) -> torch.Tensor:
-            losses = per_sample_loss(model, transformed_batch)
+            # hasten's built-in codec hands over a flattened batch that can rebuild the user's.
+            to_batch = getattr(transformed_batch, "to_batch", None)
+            batch = to_batch() if callable(to_batch) else transformed_batch
+            losses = per_sample_loss(model, batch)
             on_scored(int(losses.shape[0]))
             return losses
 
@@ -89,10 +92,11 @@ def sifting_loader(
             sift_config=hasten.SiftingBaseConfig(sift_delay=sift_delay)
         ),
     )
-    # Construct under a seeded global RNG: whatever the loader draws its generator's seed from
-    # is then fixed by `seed`, and the caller's RNG state is restored afterwards.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return hasten.SiftingDataloader(
-            sift_config=config, orig_dataloader=loader, model=model, loss_impl=_CountingLoss()
-        )
+    return hasten.SiftingDataloader(
+        sift_config=config,
+        orig_dataloader=loader,
+        model=model,
+        loss_impl=_CountingLoss(),
+        seed=seed,
+        log_interval=None,
+    )

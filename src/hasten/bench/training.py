@@ -9,7 +9,8 @@ The loop, with the hook points a :class:`Policy` owns::
             losses = per_sample_loss(model, batch)          # forward (1 unit per sample)
             run.loss(losses, batch).backward()              # policy: mean, reweighted ...
             optimizer.step()                                # backward (2 units per sample)
-            [every 1/evals_per_epoch epoch: test accuracy, clock paused; stop at target]
+            [every 1/evals_per_epoch epoch (and once before training): test accuracy,
+             clock paused; stop at the first evaluation during training that reaches target]
     compute = 3 * samples backpropagated + samples scored by the policy's extra forwards
 
 Batches are ``(inputs, labels, indices)``: indices let a policy attribute losses to samples.
@@ -354,6 +355,8 @@ def train_run(
             on_eval(point)
         return acc
 
+    if evals_per_epoch:
+        record_eval()  # the starting point of the curve (not checked against the target)
     stop = False
     epoch = 0
     while not stop and (budget is not None or epoch < task.epochs):

@@ -114,12 +114,13 @@ def test_budget_longer_than_one_epoch_runs_on():
 def test_target_stops_at_first_evaluation_that_reaches_it():
     rec = train_run(TINY, FullData(), seed=0, evals_per_epoch=4, target=0.0)
     assert rec.reached_target_s is not None
-    assert len(rec.curve) == 1 and rec.samples_backprop < len(TINY.data().y_train)
+    assert rec.curve[0]["samples_backprop"] == 0  # the untrained starting point
+    assert len(rec.curve) == 2 and rec.samples_backprop < len(TINY.data().y_train)
 
 
 def test_curve_points_and_bad_arguments():
     rec = train_run(TINY, FullData(), seed=0, evals_per_epoch=3)
-    assert len(rec.curve) == 3
+    assert len(rec.curve) == 4  # the starting point and three evaluations
     assert rec.curve[-1]["samples_backprop"] == rec.samples_backprop
     walls = [p["wall_s"] for p in rec.curve]
     assert walls == sorted(walls)
