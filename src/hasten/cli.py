@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
     from hasten import __version__
     from hasten.bench.compile_bench import CANDIDATES, PRECISIONS
+    from hasten.bench.demo import VARIANTS
     from hasten.bench.models import MODEL_NAMES, SIZES
 
     fmt = argparse.RawDescriptionHelpFormatter
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
             "examples:\n"
             "  hasten demo                      MNIST-1D, 1-D CNN, target 92% (a few minutes)\n"
             "  hasten demo --quick              digits in seconds (smoke test)\n"
+            "  hasten demo --runs eager,sifting --threads 1\n"
             "  hasten demo --out results/demo   where demo.png and demo.json go\n"
         ),
         formatter_class=fmt,
@@ -104,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--target", type=float, help="test accuracy to reach, e.g. 0.9")
     demo.add_argument("--epochs", type=_positive_int, help="epoch budget (schedule length)")
     demo.add_argument("--precision", choices=("fp32", "bf16"), help="hasten.compile precision")
+    demo.add_argument(
+        "--runs",
+        type=_csv(_choices(VARIANTS)),
+        default=list(VARIANTS),
+        help="which runs, comma-separated (default: eager,hasten.compile,sifting,compile + sifting)",
+    )
     demo.add_argument("--seed", type=int, default=0, help="seed of weights and data order")
     demo.add_argument("--device", default="cpu", help="cpu or cuda")
     _add_output(demo)
@@ -263,7 +271,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         bar.set_postfix_str(f"acc {100 * point['test_acc']:.1f}% at {point['wall_s']:.1f} s")
         bar.update(1)
 
-    result = demo.run_demo(config, on_eval=on_eval)
+    result = demo.run_demo(config, variants=tuple(args.runs), on_eval=on_eval)
     for bar in bars.values():
         bar.close()
     print()

@@ -130,6 +130,20 @@ def test_bench_sift_baseline_only(tmp_path, capsys):
     assert [r["seed"] for r in result["runs"]] == [0, 1]
 
 
+def test_demo_quick_eager_only(tmp_path, capsys):
+    out = tmp_path / "demo"
+    code = main(
+        ["demo", "--quick", "--runs", "eager", "--threads", "1", "--no-progress", "--out", str(out)]
+    )
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "eager" in text and "to target s" in text and "sifting" not in text
+    assert (out / "demo.png").read_bytes()[:4] == b"\x89PNG"
+    result = json.loads((out / "demo.json").read_text())
+    assert [r["run"] for r in result["rows"]] == ["eager"]
+    assert result["rows"][0]["speedup"] == 1.0
+
+
 def test_parser_defaults_match_the_issue():
     args = build_parser().parse_args(["bench", "compile"])
     assert args.models == ["gpt2", "bert", "roberta", "cnn"] and args.size == "small"

@@ -7,7 +7,6 @@ missing, the fix. Checks never raise: a check that crashes reports itself as ``w
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -150,13 +149,8 @@ def _cache() -> Check:
             f"{path} is not writable: every process compiles cold",
             "set TORCHINDUCTOR_CACHE_DIR to a writable directory",
         )
-    size = 0
-    if os.path.isdir(path):
-        for root, _, files in os.walk(path):
-            for f in files:
-                with contextlib.suppress(OSError):  # files can vanish while we walk
-                    size += os.path.getsize(os.path.join(root, f))
-    return Check("compile cache", "ok", f"{path} ({size / 2**20:.0f} MiB)")
+    state = "exists" if os.path.isdir(path) else "will be created on first compile"
+    return Check("compile cache", "ok", f"{path} ({state}; set TORCHINDUCTOR_CACHE_DIR to move it)")
 
 
 def _hasten_parts() -> list[Check]:

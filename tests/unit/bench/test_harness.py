@@ -157,3 +157,19 @@ def test_machine_stamp_fields():
     assert s["versions"]["hasten"] and s["versions"]["torch"] == torch.__version__
     assert s["date_utc"].endswith("+00:00")
     assert (s["gpu"] is None) == (not torch.cuda.is_available())
+
+
+@pytest.mark.gpu
+def test_cuda_timing_and_memory_paths():
+    size = 64 * 2**20
+
+    def step():
+        t = torch.empty(size, dtype=torch.uint8, device="cuda")
+        t.fill_(1)
+
+    peak, method = peak_step_memory(step, "cuda")
+    assert method == "cuda.max_memory_allocated" and size <= peak < 2 * size
+    cfg = BenchConfig(warmup=1, rounds=2, steps_per_round=2, device="cuda", matmul_n=1024)
+    result = run_benchmark([Candidate("cuda", lambda: step)], cfg)
+    assert result.get("cuda").ok and result.matmul_peak["fp32"] > 1e11
+    assert result.machine["gpu"]["name"]
