@@ -260,20 +260,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"hasten demo: task {config.task}, target {100 * config.target:.0f}% test accuracy, "
         f"seed {config.seed}"
     )
-    bars: dict[str, Any] = {}
+    bar = tqdm(desc="training (runs interleaved)", unit=" evals", disable=args.no_progress)
 
     def on_eval(name: str, point: dict[str, float]) -> None:
-        bar = bars.get(name)
-        if bar is None:
-            for old in bars.values():
-                old.close()
-            bar = bars[name] = tqdm(desc=f"{name:>17}", unit=" evals", disable=args.no_progress)
-        bar.set_postfix_str(f"acc {100 * point['test_acc']:.1f}% at {point['wall_s']:.1f} s")
+        acc, wall = 100 * point["test_acc"], point["wall_s"]
+        bar.set_postfix_str(f"{name}: {acc:.1f}% at {wall:.1f} s", refresh=False)
         bar.update(1)
 
     result = demo.run_demo(config, variants=tuple(args.runs), on_eval=on_eval)
-    for bar in bars.values():
-        bar.close()
+    bar.close()
     print()
     print(demo_table(result))
     print(f"\nmachine: {machine_line(result['machine'])}")

@@ -163,3 +163,31 @@ def test_task_models_build_and_score(name):
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), again.parameters()))
     with pytest.raises(ValueError, match="choose one of"):
         get_task("imagenet")
+
+
+def test_interleaved_runs_match_separate_runs_and_clocks_pause():
+    import time
+
+    from hasten.bench.training import train_iter
+
+    data = TINY.data()
+    gens = [train_iter(TINY, FullData(), seed=s, data=data, evals_per_epoch=3) for s in (0, 1)]
+    records = {}
+    t0 = time.perf_counter()
+    slept = 0.0
+    while gens:
+        for g in list(gens):
+            try:
+                next(g)
+            except StopIteration as done:
+                records[done.value.seed] = done.value
+                gens.remove(g)
+            time.sleep(0.05)
+            slept += 0.05
+    elapsed = time.perf_counter() - t0
+    for seed, rec in records.items():
+        alone = train_run(TINY, FullData(), seed=seed, data=data, evals_per_epoch=3)
+        assert rec.test_acc == alone.test_acc
+        assert [p["test_acc"] for p in rec.curve] == [p["test_acc"] for p in alone.curve]
+    # each run's clock ran only while it trained: never through the other run or the sleeps
+    assert records[0].wall_s + records[1].wall_s < elapsed - slept + 0.05
