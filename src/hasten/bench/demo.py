@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from hasten.bench import _hasten_api
-from hasten.bench.harness import rotated
 from hasten.bench.machine import machine_stamp, torch_threads
 from hasten.bench.sift_experiment import SageMakerSift
 from hasten.bench.tasks import TASK_NAMES, get_task
-from hasten.bench.training import FullData, Policy, RunRecord, train_iter
+from hasten.bench.training import FullData, Policy, RunRecord, run_interleaved, train_iter
 
 __all__ = ["QUICK", "VARIANTS", "DemoConfig", "plot_demo", "run_demo", "save_json"]
 
@@ -145,21 +144,9 @@ def run_demo(
                 evals_per_epoch=config.evals_per_epoch,
                 target=config.target,
             )
-        # Interleave the runs one evaluation interval at a time, rotating who goes first, so that
-        # a change in machine load hits every run alike (each run's clock runs only while it
-        # trains). The first resume of a compiled run compiles; that is timed apart.
-        turn = 0
-        while running:
-            for name in rotated(list(running), turn):
-                try:
-                    point = next(running[name])
-                except StopIteration as done:
-                    records[name] = done.value
-                    del running[name]
-                    continue
-                if on_eval:
-                    on_eval(name, point)
-            turn += 1
+        # Interleaved, so a change in machine load hits every run alike. The first resume of a
+        # compiled run compiles; that is timed apart.
+        records = run_interleaved(running, on_eval)
     for name in variants:
         rec = records.get(name)
         if rec is None:

@@ -42,7 +42,8 @@ from hasten.bench.training import (
     PolicyContext,
     RunRecord,
     forward_flops_per_sample,
-    train_run,
+    run_interleaved,
+    train_iter,
 )
 
 __all__ = [
@@ -249,17 +250,30 @@ def _run_all(config: SiftExperimentConfig, progress: _Progress, tasks: dict[str,
         policies = [p for fam in config.families for p in POLICY_FAMILIES[fam](config, full_steps)]
         probe = task.build_model(0, data)
         flops = forward_flops_per_sample(probe, data.x_test[: task.batch_size])
-        common = {"data": data, "device": config.device, "flops_per_sample": flops}
+        common = {
+            "data": data,
+            "device": config.device,
+            "flops_per_sample": flops,
+            "evals_per_epoch": 1,  # yields once per epoch: the interleaving granularity
+        }
         for seed in range(config.first_seed, config.first_seed + config.seeds):
-            progress.add(task.name, train_run(task, FullData(), seed, **common))
+            # Runs of one seed are interleaved (one epoch at a time) so machine drift hits them
+            # alike; the compute-matched runs need the sifted runs' compute, so they come second.
+            first = {"full": train_iter(task, FullData(), seed, **common)}
+            first.update({p.name: train_iter(task, p, seed, **common) for p in policies})
+            done = run_interleaved(first)
+            progress.add(task.name, done["full"])
+            matched_runs = {}
             for policy in policies:
-                sifted = train_run(task, policy, seed, **common)
-                progress.add(task.name, sifted)
+                progress.add(task.name, done[policy.name])
                 if config.compute_matched:
-                    budget = math.ceil(sifted.compute / 3)
-                    matched = train_run(task, FullData(), seed, budget=budget, **common)
-                    matched.policy = f"matched:{policy.name}"
-                    progress.add(task.name, matched)
+                    budget = math.ceil(done[policy.name].compute / 3)
+                    matched_runs[policy.name] = train_iter(
+                        task, FullData(), seed, budget=budget, **common
+                    )
+            for name, rec in run_interleaved(matched_runs).items():
+                rec.policy = f"matched:{name}"
+                progress.add(task.name, rec)
 
 
 def summarize_runs(runs: list[RunRecord]) -> dict[str, Any]:

@@ -47,6 +47,7 @@ __all__ = [
     "evaluate",
     "forward_flops_per_sample",
     "per_sample_loss",
+    "run_interleaved",
     "train_iter",
     "train_run",
 ]
@@ -454,3 +455,31 @@ def train_run(
             return done.value
         if on_eval is not None:
             on_eval(point)
+
+
+def run_interleaved(
+    runs: dict[str, Generator[dict[str, float], None, RunRecord]],
+    on_eval: Callable[[str, dict[str, float]], None] | None = None,
+) -> dict[str, RunRecord]:
+    """Drive several :func:`train_iter` runs to the end, one evaluation interval at a time.
+
+    The order rotates every turn, so a change in machine load hits every run alike (each run's
+    clock runs only while it trains). Returns the records under the same keys.
+    """
+    from hasten.bench.harness import rotated
+
+    running = dict(runs)
+    records: dict[str, RunRecord] = {}
+    turn = 0
+    while running:
+        for name in rotated(list(running), turn):
+            try:
+                point = next(running[name])
+            except StopIteration as done:
+                records[name] = done.value
+                del running[name]
+                continue
+            if on_eval is not None:
+                on_eval(name, point)
+        turn += 1
+    return {name: records[name] for name in runs}
