@@ -56,9 +56,10 @@ def test_hasten_candidate_reports_why_it_cannot_run():
 
 @pytest.mark.slow
 def test_torch_compile_candidate_really_compiles():
-    (res,) = run_compile_bench(["mlp"], "tiny", ("fp32",), ("eager", "torch.compile"), QUICK)
-    assert res.get("torch.compile").ok
-    assert res.get("torch.compile").compile_s > 0.1  # it really compiled (warm cache: ~3 s)
     from torch._dynamo.utils import counters
 
-    assert counters["stats"]["unique_graphs"] >= 1
+    before = counters["stats"]["unique_graphs"]
+    (res,) = run_compile_bench(["mlp"], "tiny", ("fp32",), ("eager", "torch.compile"), QUICK)
+    assert res.get("torch.compile").ok
+    assert counters["stats"]["unique_graphs"] > before  # Dynamo captured a graph: it compiled
+    assert res.get("torch.compile").compile_s > 0  # and the first step paid for it
