@@ -97,17 +97,19 @@ def sift_table(result: dict[str, Any], markdown: bool = False) -> str:
         for r in summary["rows"]:
             acc = r["test_acc"]
             cvf = r.get("compute_vs_full")
+            forwarded = r.get("samples_forwarded", {}).get("mean")
             rows.append(
                 [
                     task,
                     r["run"],
                     len(r["seeds"]),
-                    f"{100 * acc['mean']:.2f} ± {100 * acc['std']:.2f}",
+                    f"{100 * acc['mean']:.2f} ± {100 * acc['std']:.2f} ({100 * acc['sem']:.2f})",
                     _pct(r.get("acc_minus_full"), signed=True),
                     _pct(r.get("acc_minus_matched"), signed=True),
                     "100%" if r["run"] == "full" else _f(cvf and 100 * cvf["mean"], ".1f", "%"),
+                    f"{r['flops']['mean'] / 1e9:.3g}",
+                    _f(forwarded, ".0f"),
                     f"{r['samples_backprop']['mean']:.0f}",
-                    f"{r['samples_scored']['mean']:.0f}",
                     f"{r['wall_s']['mean']:.2f}",
                 ]
             )
@@ -115,12 +117,13 @@ def sift_table(result: dict[str, Any], markdown: bool = False) -> str:
         "task",
         "run",
         "seeds",
-        "test acc % (mean ± std)",
+        "test acc % mean ± std (sem)",
         "Δ vs full (± sem)",
         "Δ vs matched (± sem)",
         "compute",
+        "GFLOPs",
+        "fwd samples",
         "backprop samples",
-        "scored samples",
         "wall s",
     ]
     return format_table(headers, rows, markdown)

@@ -295,6 +295,9 @@ def summarize_runs(runs: list[RunRecord]) -> dict[str, Any]:
                 "test_acc": mean_std([recs[s].test_acc for s in seeds]).to_dict(),
                 "samples_backprop": mean_std([recs[s].samples_backprop for s in seeds]).to_dict(),
                 "samples_scored": mean_std([recs[s].samples_scored for s in seeds]).to_dict(),
+                "samples_forwarded": mean_std(
+                    [recs[s].samples_backprop + recs[s].samples_scored for s in seeds]
+                ).to_dict(),
                 "compute": mean_std([recs[s].compute for s in seeds]).to_dict(),
                 "flops": mean_std([recs[s].flops for s in seeds]).to_dict(),
                 "wall_s": mean_std([recs[s].wall_s for s in seeds]).to_dict(),
