@@ -140,7 +140,12 @@ def _cache() -> Check:
 
         path = cache_dir()
     except Exception as err:
-        return Check("compile cache", "warn", f"cannot locate Inductor's cache: {err}")
+        return Check(
+            "compile cache",
+            "warn",
+            f"cannot locate Inductor's cache: {err}",
+            "set TORCHINDUCTOR_CACHE_DIR to a writable directory",
+        )
     probe = path if os.path.isdir(path) else os.path.dirname(path.rstrip(os.sep)) or "."
     if not os.access(probe, os.W_OK):
         return Check(
