@@ -74,7 +74,7 @@ def compile_table(result: dict[str, Any], markdown: bool = False) -> str:
         "candidate",
         "step ms median [p20, p80]",
         f"speedup vs {base}",
-        "compile s",
+        "1st-step extra s (compile)",
         "samples/s",
         "peak step MiB",
         "of matmul peak",
