@@ -20,23 +20,23 @@ def percentile_of(losses: Tensor, reference: Tensor) -> Tensor:
 
     Ties count half (mid-rank), so a loss equal to every reference value sits at 0.5 and a batch
     of identical losses is neither all kept nor all dropped. An empty reference gives 1.0 (no
-    evidence that a sample is easy). NaN is ranked as +inf.
+    evidence that a sample is easy). NaN ranks above every number, as in ``torch.sort``.
 
     Args:
         losses: 1-D tensor of new losses.
         reference: 1-D tensor of past losses, any order, same device.
 
     Returns:
-        Float32 tensor shaped like ``losses``.
+        Float tensor shaped like ``losses``.
     """
-    x = torch.nan_to_num(losses.detach().float(), nan=float("inf"))
+    x = losses.detach().contiguous()
     n = reference.numel()
     if n == 0:
-        return torch.ones_like(x)
-    ref = torch.sort(torch.nan_to_num(reference.detach().float(), nan=float("inf"))).values
+        return torch.ones_like(x, dtype=torch.float32)
+    ref = torch.sort(reference.detach().to(x.dtype)).values
     below = torch.searchsorted(ref, x, side="left")
     not_above = torch.searchsorted(ref, x, side="right")
-    return (below + not_above).float() / (2.0 * n)
+    return (below + not_above) * (0.5 / n)
 
 
 class LossHistory:
@@ -78,8 +78,8 @@ class LossHistory:
 
         Non-finite losses (NaN, ±inf) are stored as +inf: they rank above every finite loss.
         """
-        x = losses.detach().reshape(-1).float()
-        x = torch.where(torch.isfinite(x), x, float("inf"))
+        inf = float("inf")
+        x = torch.nan_to_num(losses.detach().reshape(-1).float(), nan=inf, neginf=inf)
         k = x.numel()
         if k == 0:
             return

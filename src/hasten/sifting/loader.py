@@ -188,6 +188,7 @@ class SiftingDataloader:
         self._resume = False
         self._token = 0  # invalidates running iterators on __iter__ / load_state_dict
         self._last_log = (0, dict.fromkeys(STAGES, 0.0))
+        self._modules: list[nn.Module] | None = None  # the model's modules, listed each epoch
 
     # ------------------------------------------------------------------ protocol
 
@@ -420,6 +421,7 @@ class SiftingDataloader:
 
     def _begin_epoch(self, device: torch.device) -> Iterator[Any]:
         orig = self.orig_dataloader
+        self._modules = None  # re-list the model's modules (they may have changed)
         if self._resume:  # restored from a checkpoint: put the loader's generators back
             self._resume = False
             _set_loader_generator_states(orig, self._loader_generator_states)
@@ -509,8 +511,8 @@ class SiftingDataloader:
         sel = self._policy(losses, self._history.values(), gen)
         self._history.add(losses)
         keep = sel.keep
-        order = torch.argsort(keep.to(torch.uint8), descending=True, stable=True)
-        counts = torch.stack([keep.sum(), (~torch.isfinite(losses)).sum()])
+        order = torch.argsort(keep, descending=True, stable=True)  # kept rows first, in order
+        counts = torch.stack((keep, ~torch.isfinite(losses))).sum(1)
         fills = _gather_counts(counts)  # HOST SYNC: the one per incoming batch
         n_kept, n_bad = fills[_rank()]
         t3 = time.perf_counter()
@@ -552,14 +554,19 @@ class SiftingDataloader:
 
     def _score(self, transformed: Any, original: Any, n: int) -> Tensor:
         model = self.model
-        modes = [m.training for m in model.modules()]
-        model.eval()
+        modules = self._modules
+        if modules is None:
+            modules = self._modules = list(model.modules())
+        modes = [m.training for m in modules]
+        # eval mode, flag by flag: restores mixed modes exactly and skips nn.Module.__setattr__
+        for m in modules:
+            object.__setattr__(m, "training", False)
         try:
             with torch.inference_mode():
                 losses = self.loss_impl.loss(model, transformed, original)
         finally:
-            for m, mode in zip(model.modules(), modes):
-                m.training = mode
+            for m, mode in zip(modules, modes):
+                object.__setattr__(m, "training", mode)
         if not isinstance(losses, Tensor):
             raise LossImplementationNotProvidedException(
                 f"{type(self.loss_impl).__name__}.loss returned {type(losses).__name__}; it must "

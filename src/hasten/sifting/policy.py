@@ -79,9 +79,9 @@ def relative_probabilistic_select(
     distributed like the history.
     """
     p = percentile_of(losses, history)
-    prob = torch.where(torch.isfinite(losses), p.pow(beta_value), 1.0)
     u = torch.rand(p.shape, generator=generator, device=p.device)
-    return Selection(keep=u < prob)  # u in [0, 1): prob 1 always keeps
+    keep = (u < p.pow_(beta_value)).logical_or_(~torch.isfinite(losses))
+    return Selection(keep=keep)
 
 
 _POLICIES: dict[type, Callable[[Any], SiftPolicy]] = {
