@@ -1,5 +1,6 @@
 import logging
 import math
+import sys
 import warnings
 from collections import UserDict
 
@@ -384,3 +385,38 @@ def test_bad_arguments_raise():
         SiftingDataloader(cfg, orig, batch_transforms=lambda b: b, **kw)
     with pytest.raises(ValueError, match="seed or generator"):
         SiftingDataloader(cfg, orig, seed=1, generator=torch.Generator(), **kw)
+
+
+def test_one_host_read_per_scored_batch(monkeypatch):
+    # CPU proxy for "at most one host sync per incoming batch": count the Tensor methods that
+    # read device memory back to the host while the loader runs on a tensor-only batch
+    calls = []
+    for name in ("tolist", "item", "cpu", "numpy", "__bool__"):
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, *a, _name=name, _orig=original, **k):
+            caller = sys._getframe(1).f_code.co_filename
+            if "hasten" in caller and "sifting" in caller:  # not the DataLoader's own seed read
+                calls.append(_name)
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    sifted = _sift(loader(n=320, batch_size=16, fmt="tensor"), delay=2)
+    for _ in sifted:
+        pass
+    assert sifted.stats.num_batches_scored == 18
+    assert calls == ["tolist"] * 18
+
+
+@pytest.mark.gpu
+def test_cuda_scoring_moves_batches_and_accumulates_on_device():
+    model = tiny_model().cuda()
+    sifted = _sift(loader(n=320, batch_size=16), model=model, delay=1)
+    out = list(sifted)
+    assert out[0][0].device.type == "cpu"  # the delay passes batches through untouched
+    assert all(b[0].device.type == "cuda" and b[1].device.type == "cuda" for b in out[1:])
+    ids = [i for b in out for i in ids_of(b)]
+    assert len(ids) == len(set(ids))
+    state = sifted.state_dict()
+    assert state["generator"]["device"] == "cuda"
+    assert all(c.tensors[0].device.type == "cpu" for c in state["buffer"]["chunks"])
