@@ -512,9 +512,10 @@ class SiftingDataloader:
         self._history.add(losses)
         keep = sel.keep
         order = torch.argsort(keep, descending=True, stable=True)  # kept rows first, in order
-        counts = torch.stack((keep, ~torch.isfinite(losses))).sum(1)
+        counts = torch.stack((keep, torch.isfinite(losses))).sum(1)
         fills = _gather_counts(counts)  # HOST SYNC: the one per incoming batch
-        n_kept, n_bad = fills[_rank()]
+        n_kept, n_finite = fills[_rank()]
+        n_bad = n - n_finite
         t3 = time.perf_counter()
         stage["should_sift"] += t3 - t2
 

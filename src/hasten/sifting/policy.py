@@ -80,7 +80,7 @@ def relative_probabilistic_select(
     """
     p = percentile_of(losses, history)
     u = torch.rand(p.shape, generator=generator, device=p.device)
-    keep = (u < p.pow_(beta_value)).logical_or_(~torch.isfinite(losses))
+    keep = torch.where(torch.isfinite(losses), u < p.pow_(beta_value), True)
     return Selection(keep=keep)
 
 
