@@ -574,11 +574,12 @@ class SiftingDataloader:
                 f"return a tensor with one loss per sample (shape [{n}])"
             )
         if losses.shape != (n,):
-            fix = (
-                "use reduction='none' in the loss function"
-                if losses.ndim == 0
-                else "reduce any extra dimensions (e.g. .mean(dim=1) over tokens)"
-            )
+            if losses.ndim == 0:
+                fix = "use reduction='none' in the loss function"
+            elif losses.ndim == 1:
+                fix = "return one value per sample in batch order (were tokens flattened?)"
+            else:
+                fix = "reduce the extra dimensions per sample, e.g. .mean(dim=1) over tokens"
             raise LossImplementationNotProvidedException(
                 f"{type(self.loss_impl).__name__}.loss returned shape {list(losses.shape)} for a "
                 f"batch of {n} samples; it must return one loss per sample (shape [{n}]): {fix}"
