@@ -38,6 +38,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hasten.sifting._runtime import (
+    gather_counts,
+    get_loader_generator_states,
+    is_iterable_style,
+    rank,
+    set_loader_generator_states,
+    shuffles_globally,
+)
 from hasten.sifting.batch import (
     DefaultBatchTransform,
     SiftingBatch,
@@ -45,6 +53,7 @@ from hasten.sifting.batch import (
     TreeBatch,
     move_to_device,
 )
+from hasten.sifting.buffer import KeptBuffer
 from hasten.sifting.config import coerce_sift_config
 from hasten.sifting.exceptions import (
     LossImplementationNotProvidedException,
@@ -181,7 +190,7 @@ class SiftingDataloader:
         self._delay_done = 0  # steps passed through (this epoch with repeat_delay_per_epoch)
         self._delay_done_epoch_start = 0
         self._loader_generator_states: list[Tensor] | None = None
-        self._buffer = _Buffer()
+        self._buffer = KeptBuffer()
         self._rank_fills: list[int] | None = None  # kept rows per rank this epoch
         self._sifted_out_this_epoch = 0  # sifted batches yielded this epoch
         self._warned_nonfinite = False
@@ -313,7 +322,7 @@ class SiftingDataloader:
             # mid-epoch: as the epoch began (to replay its order); between epochs: as they are now
             "loader_generator_states": self._loader_generator_states
             if self._in_epoch
-            else _get_loader_generator_states(self.orig_dataloader),
+            else get_loader_generator_states(self.orig_dataloader),
             "buffer": self._buffer.state_dict(),
             "rank_fills": self._rank_fills,
             "sifted_out_this_epoch": self._sifted_out_this_epoch,
@@ -350,7 +359,7 @@ class SiftingDataloader:
         self._delay_done_epoch_start = state["delay_done_epoch_start"]
         self._out_batch_size = state["out_batch_size"]
         self._loader_generator_states = state["loader_generator_states"]
-        self._buffer = _Buffer.from_state_dict(state["buffer"])
+        self._buffer = KeptBuffer.from_state_dict(state["buffer"])
         self._rank_fills = state["rank_fills"]
         self._sifted_out_this_epoch = state["sifted_out_this_epoch"]
         self._warned_nonfinite = state["warned_nonfinite"]
@@ -361,7 +370,7 @@ class SiftingDataloader:
         if (
             self._in_epoch
             and self._loader_generator_states is None
-            and _shuffles_globally(self.orig_dataloader)
+            and shuffles_globally(self.orig_dataloader)
         ):
             warnings.warn(
                 "resuming mid-epoch, but the wrapped DataLoader shuffles with the global RNG, so "
@@ -424,19 +433,19 @@ class SiftingDataloader:
         self._modules = None  # re-list the model's modules (they may have changed)
         if self._resume:  # restored from a checkpoint: put the loader's generators back
             self._resume = False
-            _set_loader_generator_states(orig, self._loader_generator_states)
+            set_loader_generator_states(orig, self._loader_generator_states)
             if self._in_epoch:
                 return self._continue_epoch(device)
         self._epoch += 1
         self._in_epoch = True
         self._batches_in = self._samples_in = self._sifted_out_this_epoch = 0
         self._short_batch_seen = False
-        self._buffer = _Buffer()
+        self._buffer = KeptBuffer()
         self._rank_fills = None
         if self.sift_config.repeat_delay_per_epoch:
             self._delay_done = 0
         self._delay_done_epoch_start = self._delay_done
-        self._loader_generator_states = _get_loader_generator_states(orig)
+        self._loader_generator_states = get_loader_generator_states(orig)
         return iter(orig)
 
     def _continue_epoch(self, device: torch.device) -> Iterator[Any]:
@@ -479,7 +488,7 @@ class SiftingDataloader:
                 "Pass batch_format_index=<the dimension that indexes samples> or "
                 "batch_transforms=<a SiftingBatchTransform>"
             )
-        if n < fixed and not _is_iterable_style(self.orig_dataloader):
+        if n < fixed and not is_iterable_style(self.orig_dataloader):
             self._short_batch_seen = True  # only the last batch of an epoch may be short
 
     def _sift(self, batch: Any, device: torch.device, stage: dict[str, float]) -> None:
@@ -513,8 +522,8 @@ class SiftingDataloader:
         keep = sel.keep
         order = torch.argsort(keep, descending=True, stable=True)  # kept rows first, in order
         counts = torch.stack((keep, torch.isfinite(losses))).sum(1)
-        fills = _gather_counts(counts)  # HOST SYNC: the one per incoming batch
-        n_kept, n_finite = fills[_rank()]
+        fills = gather_counts(counts)  # HOST SYNC: the one per incoming batch
+        n_kept, n_finite = fills[rank()]
         n_bad = n - n_finite
         t3 = time.perf_counter()
         stage["should_sift"] += t3 - t2
@@ -625,7 +634,7 @@ class SiftingDataloader:
         dropped = self._buffer.count
         if dropped:
             self.stats.num_samples_dropped_at_epoch_end += dropped
-            self._buffer = _Buffer()
+            self._buffer = KeptBuffer()
         self._in_epoch = False
 
     # ------------------------------------------------------------------ helpers
@@ -692,70 +701,6 @@ class SiftingDataloader:
         )
 
 
-# --------------------------------------------------------------------------- buffer
-
-
-class _Buffer:
-    """Kept rows waiting to be yielded, as chunks (concatenated only when a batch is popped).
-
-    Each chunk carries its rows' stream positions (``ids``) and, from reweighting policies,
-    their weights (``None`` otherwise).
-    """
-
-    def __init__(self) -> None:
-        self.chunks: list[SiftingBatch] = []
-        self.ids: list[Tensor] = []
-        self.weights: list[Tensor | None] = []
-        self.count = 0
-
-    def add(self, sb: SiftingBatch, ids: Tensor, weights: Tensor | None, n: int) -> None:
-        if n:
-            self.chunks.append(sb)
-            self.ids.append(ids)
-            self.weights.append(weights)
-            self.count += n
-
-    def pop(self, n: int) -> tuple[SiftingBatch, Tensor, Tensor | None]:
-        """The first ``n`` rows; the rest stay."""
-        merged = (
-            self.chunks[0] if len(self.chunks) == 1 else type(self.chunks[0]).concat(self.chunks)
-        )
-        ids = _cat(self.ids)
-        weights = None if any(w is None for w in self.weights) else _cat(self.weights)  # type: ignore[arg-type]
-        if n == self.count:
-            self.chunks, self.ids, self.weights, self.count = [], [], [], 0
-            return merged, ids, weights
-        head, tail = merged.split(n)
-        self.chunks, self.ids, self.count = [tail], [ids[n:]], self.count - n
-        self.weights = [None if weights is None else weights[n:]]
-        return head, ids[:n], None if weights is None else weights[:n]
-
-    def to(self, device: torch.device) -> None:
-        self.chunks = [c.to(device) for c in self.chunks]
-        self.ids = [i.to(device) for i in self.ids]
-        self.weights = [None if w is None else w.to(device) for w in self.weights]
-
-    def state_dict(self) -> dict[str, Any]:
-        cpu = torch.device("cpu")
-        return {
-            "chunks": [c.to(cpu) for c in self.chunks],
-            "ids": [i.cpu() for i in self.ids],
-            "weights": [None if w is None else w.cpu() for w in self.weights],
-            "count": self.count,
-        }
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> _Buffer:
-        buf = cls()
-        buf.chunks, buf.ids = list(state["chunks"]), list(state["ids"])
-        buf.weights, buf.count = list(state["weights"]), state["count"]
-        return buf
-
-
-def _cat(tensors: list[Tensor]) -> Tensor:
-    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
-
-
 # --------------------------------------------------------------------------- module helpers
 
 
@@ -810,67 +755,3 @@ def _model_device(model: nn.Module) -> torch.device:
 def _config_repr(config: Any) -> Any:
     to_dict = getattr(config, "to_dict", None)
     return to_dict() if callable(to_dict) else repr(config)
-
-
-def _is_iterable_style(loader: Any) -> bool:
-    dataset = getattr(loader, "dataset", None)
-    return dataset is None or isinstance(dataset, torch.utils.data.IterableDataset)
-
-
-def _loader_generators(loader: Any) -> list[torch.Generator]:
-    found: list[torch.Generator] = []
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    for owner in (
-        loader,
-        getattr(loader, "sampler", None),
-        getattr(batch_sampler, "sampler", None),
-    ):
-        gen = getattr(owner, "generator", None)
-        if isinstance(gen, torch.Generator) and all(gen is not g for g in found):
-            found.append(gen)
-    return found
-
-
-def _get_loader_generator_states(loader: Any) -> list[Tensor] | None:
-    gens = _loader_generators(loader)
-    return [g.get_state() for g in gens] if gens else None
-
-
-def _set_loader_generator_states(loader: Any, states: list[Tensor] | None) -> None:
-    if states is None:
-        return
-    gens = _loader_generators(loader)
-    if len(gens) != len(states):
-        raise RuntimeError(
-            f"cannot resume: the checkpoint holds {len(states)} DataLoader generator state(s) but "
-            f"the wrapped loader has {len(gens)} generator(s); resume with the same loader setup"
-        )
-    for g, s in zip(gens, states):
-        g.set_state(s)
-
-
-def _shuffles_globally(loader: Any) -> bool:
-    sampler = getattr(loader, "sampler", None)
-    return isinstance(sampler, torch.utils.data.RandomSampler) and sampler.generator is None
-
-
-def _rank() -> int:
-    if _distributed():
-        return torch.distributed.get_rank()
-    return 0
-
-
-def _distributed() -> bool:
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _gather_counts(counts: Tensor) -> list[list[int]]:
-    """Every rank's ``counts`` as host ints; one host sync (plus one all_gather under DDP)."""
-    if not _distributed():
-        return [counts.tolist()]  # HOST SYNC
-    dist = torch.distributed
-    t = counts if dist.get_backend() == "nccl" else counts.cpu()
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t)
-    return torch.stack(out).tolist()  # HOST SYNC
