@@ -35,6 +35,8 @@ CONFIGS: dict[str, list[str]] = {
         "5",
         "--json",
         str(RESULTS / "compile-cpu-small.json"),
+        "--plot",
+        str(RESULTS / "compile-cpu-small.png"),
     ],
     # GPU (H200 class): the base models (GPT-2 124M, RoBERTa-base), fp32 and bf16.
     "compile-gpu": [
@@ -54,6 +56,8 @@ CONFIGS: dict[str, list[str]] = {
         "10",
         "--json",
         str(RESULTS / "compile-gpu-base.json"),
+        "--plot",
+        str(RESULTS / "compile-gpu-base.png"),
     ],
     # Data efficiency: full vs SageMaker's rule vs compute-matched, 10 paired seeds.
     "sift": [
@@ -69,6 +73,8 @@ CONFIGS: dict[str, list[str]] = {
         "1",
         "--json",
         str(RESULTS / "sift.json"),
+        "--plot",
+        str(RESULTS / "sift.png"),
     ],
     # The README's demo: table + plot.
     "demo": ["demo", "--out", str(RESULTS / "demo")],

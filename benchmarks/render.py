@@ -38,6 +38,9 @@ def render_block(name: str) -> str:
     kind = data.get("kind")
     parts: list[str] = []
     if kind == "hasten.bench.compile":
+        png = path.with_suffix(".png")
+        if png.exists():
+            parts.append(f"![speedup over eager fp32]({png.relative_to(HERE)})\n")
         for result in data["results"]:
             flops = result["flops_per_step"]
             parts.append(f"**{result['name']}** ({flops:.3g} model FLOPs per step)\n")
@@ -45,6 +48,9 @@ def render_block(name: str) -> str:
         machine = data["results"][0]["machine"] if data["results"] else None
     elif kind == "hasten.bench.sift":
         parts.append(sift_table(data, markdown=True) + "\n")
+        png = path.with_suffix(".png")
+        if png.exists():
+            parts.append(f"![test accuracy against compute]({png.relative_to(HERE)})\n")
         machine = data["machine"]
     elif kind == "hasten.demo":
         parts.append(demo_table(data, markdown=True) + "\n")

@@ -169,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "--matmul-n", type=int, default=None, help="matrix size for the matmul peak (0: skip)"
     )
+    comp.add_argument("--plot", metavar="PATH", type=Path, help="also write a PNG of speedups")
     _add_output(comp)
 
     sift = bsub.add_parser(
@@ -217,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sift.add_argument("--no-matched", action="store_true", help="skip compute-matched runs")
     sift.add_argument("--device", default="cpu", help="cpu or cuda")
+    sift.add_argument(
+        "--plot", metavar="PATH", type=Path, help="also write a PNG of accuracy against compute"
+    )
     _add_output(sift)
 
     doctor = sub.add_parser(
@@ -315,7 +319,12 @@ def _cmd_bench_compile(args: argparse.Namespace) -> int:
     )
     if results:
         print(f"\nmachine: {machine_line(results[0]['machine'])}")
-    _write_json(args.json, {"kind": "hasten.bench.compile", "results": results})
+    payload = {"kind": "hasten.bench.compile", "results": results}
+    _write_json(args.json, payload)
+    if args.plot and results:
+        from hasten.bench.plots import plot_compile
+
+        print(f"wrote {plot_compile(payload, args.plot)}")
     return 0
 
 
@@ -367,6 +376,10 @@ def _cmd_bench_sift(args: argparse.Namespace) -> int:
     )
     print(f"machine: {machine_line(result['machine'])}")
     _write_json(args.json, result)
+    if args.plot:
+        from hasten.bench.plots import plot_sift
+
+        print(f"wrote {plot_sift(result, args.plot)}")
     return 0
 
 

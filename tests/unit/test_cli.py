@@ -149,3 +149,47 @@ def test_parser_defaults_match_the_issue():
     assert args.models == ["gpt2", "bert", "roberta", "cnn"] and args.size == "small"
     args = build_parser().parse_args(["bench", "sift"])
     assert args.datasets == ["digits", "mnist1d", "text"] and args.beta == [0.5, 1.0]
+
+
+def test_sift_and_compile_plots(tmp_path):
+    from hasten.bench.plots import plot_compile, plot_sift
+
+    row = {"n": 2, "mean": 0.9, "std": 0.01, "sem": 0.007}
+    sift = {
+        "summary": {
+            "digits": {
+                "rows": [
+                    {"run": "full", "seeds": [0, 1], "test_acc": row},
+                    {
+                        "run": "sift-b1",
+                        "seeds": [0, 1],
+                        "test_acc": row,
+                        "compute_vs_full": {"mean": 0.8},
+                    },
+                    {
+                        "run": "matched:sift-b1",
+                        "seeds": [0, 1],
+                        "test_acc": row,
+                        "compute_vs_full": {"mean": 0.8},
+                    },
+                ]
+            }
+        }
+    }
+    speed = {"median": 1.2, "p20": 1.1, "p80": 1.3}
+    compile_ = {
+        "results": [
+            {
+                "name": "mlp-tiny",
+                "baseline": "eager",
+                "candidates": [
+                    {"name": "eager", "speedup_vs_eager": {"median": 1.0, "p20": 1.0, "p80": 1.0}},
+                    {"name": "torch.compile", "speedup_vs_eager": speed},
+                    {"name": "hasten", "speedup_vs_eager": None},
+                ],
+            }
+        ]
+    }
+    for fn, data, name in ((plot_sift, sift, "s.png"), (plot_compile, compile_, "c.png")):
+        png = fn(data, tmp_path / name).read_bytes()
+        assert png[:4] == b"\x89PNG" and len(png) > 5_000
