@@ -41,6 +41,7 @@ def test_every_command_has_help(argv, capsys):
         (["bench", "sift", "--beta", "x"], "could not convert"),
         (["bench", "sift", "--datasets", "imagenet"], "not one of"),
         (["bench"], "required"),
+        (["demo", "--runs", "turbo"], "not one of eager, compile, sifting, both"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_reason(argv, message, capsys):
@@ -142,6 +143,19 @@ def test_demo_quick_eager_only(tmp_path, capsys):
     result = json.loads((out / "demo.json").read_text())
     assert [r["run"] for r in result["rows"]] == ["eager"]
     assert result["rows"][0]["speedup"] == 1.0
+
+
+def test_demo_run_names_and_aliases():
+    parse = build_parser().parse_args
+    assert parse(["demo", "--runs", "eager,compile,both"]).runs == [
+        "eager",
+        "hasten.compile",
+        "compile + sifting",
+    ]
+    assert parse(["demo", "--runs", "compile+sifting,hasten.compile"]).runs == [
+        "compile + sifting",
+        "hasten.compile",
+    ]
 
 
 def test_parser_defaults_match_the_issue():
