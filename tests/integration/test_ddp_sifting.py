@@ -1,0 +1,100 @@
+"""``torchrun --nproc_per_node=2`` on CPU (gloo): sifting under DistributedDataParallel."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+ROOT = Path(__file__).parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(script: str, out: Path, timeout: float, nproc: int = 2) -> list[dict]:
+    """Run ``script`` on ``nproc`` CPU ranks; a hang fails the test at ``timeout`` seconds."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(SCRIPTS / script),
+        str(out),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    try:
+        proc = subprocess.run(
+            cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"torchrun did not finish in {timeout} s (a hang?):\n{err.stderr}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_keeping_very_different_fractions_finish_every_epoch(tmp_path):
+    ranks = torchrun("ddp_sift.py", tmp_path, timeout=180)
+    r0, r1 = ranks
+
+    # very different keep fractions: rank 0 about a quarter, rank 1 nearly everything
+    keep = [r["stats"]["keep_rate"] for r in ranks]
+    assert keep[0] < 0.4 and keep[1] > 0.9, keep
+
+    # every epoch finished on both ranks with the same number of batches (the DDP backward
+    # in each step would have hung otherwise), full batches but for the last
+    for e in range(3):
+        n0, n1 = (len(r["full"]["epochs"][e]["sizes"]) for r in ranks)
+        assert n0 == n1 > 0, (e, n0, n1)
+        for r in ranks:
+            sizes, ids = r["full"]["epochs"][e]["sizes"], r["full"]["epochs"][e]["ids"]
+            assert all(s == 8 for s in sizes[:-1])
+            assert len(ids) == len(set(ids))  # nothing twice within an epoch
+    # the ranks saw disjoint shards of the data (DistributedSampler)
+    for e in range(3):
+        assert not set(r0["full"]["epochs"][e]["ids"]) & set(r1["full"]["epochs"][e]["ids"])
+    # the generous rank's rows above the common count were dropped and counted, never lost
+    s1 = r1["stats"]
+    assert s1["num_samples_dropped_at_epoch_end"] > 0
+    assert s1["num_orig_samples_kept"] == (
+        s1["num_samples_yielded"] + s1["num_samples_dropped_at_epoch_end"]
+    )
+
+    # set_epoch reached the DistributedSampler: each epoch ran with its own epoch (and order)
+    for r in ranks:
+        assert r["full"]["sampler_epochs"] == [[0, 0], [1, 1], [2, 2]]
+        orders = [r["full"]["epochs"][e]["ids"][:8] for e in range(3)]
+        assert orders[0] != orders[1] != orders[2]
+
+    # a per-rank checkpoint mid-epoch resumes each rank exactly where it was
+    for r in ranks:
+        assert r["stopped"]
+        assert r["resumed"]["epochs"] == r["full"]["epochs"]
+        assert r["resumed"]["sampler_epochs"][-2:] == [[1, 1], [2, 2]]
+        assert r["resumed_stats"]["num_orig_samples_kept"] == r["stats"]["num_orig_samples_kept"]
+
+    # fixed-length epochs (the trainer integrations): every epoch its planned length on both
+    # ranks, data passes crossed in step; the logged counts are the sum over ranks
+    for r in ranks:
+        assert r["stream_counts"] == [r["stream_length"]] * 4
+        assert r["stream_data_epoch"] >= 2
+    summed = [k for k in r0["metrics"] if not k.endswith("_share")]  # shares are per rank
+    assert {k: r0["metrics"][k] for k in summed} == {k: r1["metrics"][k] for k in summed}
+    seen = sum(r["own_stats"]["num_orig_samples_seen"] for r in ranks)
+    assert r0["metrics"]["sift/samples_seen"] == seen
+    scored = sum(r["own_stats"]["num_orig_samples_scored"] for r in ranks)
+    sifted_out = sum(r["own_stats"]["num_orig_samples_sifted_out"] for r in ranks)
+    assert r0["metrics"]["sift/keep_rate"] == pytest.approx((scored - sifted_out) / scored)
