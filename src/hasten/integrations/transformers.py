@@ -46,7 +46,11 @@ its own list of backend names); see ``docs/integrations.md``.
 from __future__ import annotations
 
 import functools
+import os
+import warnings
 from typing import Any
+
+import torch
 
 try:
     import transformers
@@ -63,6 +67,12 @@ from hasten.sifting.loader import SiftingDataloader
 __all__ = ["SiftingCallback", "enable_sifting"]
 
 _MARK = "_hasten_sifting"
+_RESUME = "_hasten_sifting_resume"
+
+
+def state_file(checkpoint_dir: str, rank: int) -> str:
+    """Where :class:`SiftingCallback` saves rank ``rank``'s sifting state in a checkpoint."""
+    return os.path.join(checkpoint_dir, f"hasten_sifting_rank{rank}.pt")
 
 
 def enable_sifting(
@@ -120,11 +130,46 @@ def enable_sifting(
         )
         if set_epochs and trainer.args.max_steps <= 0:
             passes = max(1, round(trainer.args.num_train_epochs))
-            return SiftedEpochs(sifted, passes=passes)
-        steady = expected_batches(sifted, 1, delay=False)
-        return SiftedEpochs(sifted, max(1, steady))
+            stream = SiftedEpochs(sifted, passes=passes)
+        else:
+            stream = SiftedEpochs(sifted, max(1, expected_batches(sifted, 1, delay=False)))
+        saved = getattr(trainer, _RESUME, None)
+        if saved is not None:
+            stream.load_state_dict(torch.load(saved, map_location="cpu", weights_only=False))
+        return stream
+
+    train = trainer.train
+
+    @functools.wraps(train)
+    def train_with_sifting(resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        ckpt = resume_from_checkpoint
+        if ckpt is True:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            ckpt = get_last_checkpoint(trainer.args.output_dir)
+        if not ckpt:
+            return train(resume_from_checkpoint, *args, **kwargs)
+        saved = state_file(str(ckpt), trainer.args.process_index)
+        if not os.path.isfile(saved):
+            warnings.warn(
+                f"the checkpoint {ckpt} holds no sifting state ({os.path.basename(saved)}): the "
+                "sifted data stream starts afresh instead of where it stopped",
+                stacklevel=2,
+            )
+            saved = None
+        # the restored stream is positioned exactly; the Trainer's own batch skipping would
+        # rebuild an unsifted loader, so it is turned off for this call
+        skip = trainer.args.ignore_data_skip
+        trainer.args.ignore_data_skip = True
+        setattr(trainer, _RESUME, saved)
+        try:
+            return train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            trainer.args.ignore_data_skip = skip
+            setattr(trainer, _RESUME, None)
 
     trainer.get_train_dataloader = get_train_dataloader
+    trainer.train = train_with_sifting
     trainer.callback_handler.callbacks.insert(0, SiftingCallback())
     setattr(trainer, _MARK, True)
     return trainer
@@ -155,3 +200,11 @@ class SiftingCallback(transformers.TrainerCallback):
         history = state.log_history
         if history and history[-1].get("step") == state.global_step:
             history[-1].update(metrics)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        stream = kwargs.get("train_dataloader")
+        if not isinstance(stream, SiftedEpochs):
+            return
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if os.path.isdir(folder):  # every rank writes its own state
+            torch.save(stream.state_dict(), state_file(folder, args.process_index))
