@@ -53,6 +53,8 @@ def _model() -> torch.nn.Module:
     # BertForSequenceClassification's loss is a per-batch mean, not normalised by
     # num_items_in_batch; its forward(**kwargs) makes transformers 5 assume it is. Say so.
     model.accepts_loss_kwargs = False
+    # set on the first forward otherwise: a compiled model would recompile once for it
+    model.config.problem_type = "single_label_classification"
     return model
 
 
@@ -211,3 +213,47 @@ def test_resume_from_a_checkpoint_continues_the_sifted_stream(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     torch.testing.assert_close(_flat(resumed.model), _flat(full.model), rtol=1e-5, atol=1e-6)
     assert not resumed.args.ignore_data_skip  # the flag is the user's again
+
+
+@pytest.mark.slow
+def test_trainer_with_sifting_and_a_compiled_model(tmp_path):
+    pytest.importorskip("hasten.compiler")  # the compiler lands in its own branch
+    from hasten.compiler.api import compile_report
+
+    import hasten
+
+    def run(out, compiled):
+        model = _model()
+        if compiled:
+            model = hasten.compile(model)  # in place, before the Trainer wraps it
+        trainer = LossRecordingTrainer(
+            model=model, args=_args(out, max_steps=4), train_dataset=TokenDataset(48)
+        )
+        enable_sifting(trainer, _config(delay=2, beta=1.0), loss=PerSampleCrossEntropy(), seed=0)
+        trainer.train()
+        return trainer
+
+    eager = run(tmp_path / "eager", compiled=False)
+    comp = run(tmp_path / "compiled", compiled=True)
+    report = compile_report(comp.model)
+    assert report.fallback is None
+    assert report.graph_count >= 2  # the training forward, and the scorer's (eval, no autograd)
+    assert not report.graph_breaks
+    assert len(report.recompiles) <= 1  # only the scorer's graph (no autograd), nothing else
+    # the two delay steps train on the same unscored batches: same losses in fp32
+    assert comp.losses[:2] == pytest.approx(eager.losses[:2], rel=1e-4)
+    stream = comp.callback_handler.train_dataloader
+    assert stream.stats.num_batches_scored > 0
+    assert any("sift/keep_rate" in h for h in comp.state.log_history)
+    assert list(comp.model.state_dict()) == list(eager.model.state_dict())
+
+
+class LossRecordingTrainer(transformers.Trainer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.losses: list[float] = []
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.losses.append(loss.item())
+        return loss
