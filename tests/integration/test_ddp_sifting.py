@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,21 +14,19 @@ SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(script: str, out: Path, timeout: float, nproc: int = 2) -> list[dict]:
-    """Run ``script`` on ``nproc`` CPU ranks; a hang fails the test at ``timeout`` seconds."""
+    """Run ``script`` on ``nproc`` CPU ranks; a hang fails the test at ``timeout`` seconds.
+
+    ``--standalone`` binds the rendezvous store to a port the OS assigns at bind time. A port
+    picked free beforehand (``--master-port``) can be taken by another process in between, which
+    on a machine shared with other test runs is not hypothetical.
+    """
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         f"--nproc_per_node={nproc}",
-        "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}",
+        "--standalone",
         str(SCRIPTS / script),
         str(out),
     ]
