@@ -106,3 +106,27 @@ def test_fsdp2_trains_on_sifted_batches_like_a_replica(tmp_path):
         assert r["stats"]["num_batches_scored"] > 0 and 0 < r["stats"]["keep_rate"] < 1
         # fp32, ~20 SGD steps of a 2-layer MLP: only summation order differs
         assert r["max_abs_diff"] < 1e-5, r["max_abs_diff"]
+
+
+@pytest.mark.slow
+def test_hf_trainer_with_sifting_under_torchrun(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    ranks = torchrun("ddp_hf_trainer.py", tmp_path, timeout=240)
+    r0, r1 = ranks
+    keep = [r["stats"]["keep_rate"] for r in ranks]
+    assert keep[0] < 0.8 and keep[1] == 1.0, keep  # rank 1's planted losses keep everything
+    for r in ranks:
+        assert r["global_step"] == 6  # max_steps reached on both ranks: no hang
+        assert len(r["trained"]) == 12  # 6 steps x 2 accumulated micro-batches, on each rank
+        assert all(len(b) == 4 for b in r["trained"])
+    assert r0["epoch_length"] == r1["epoch_length"]
+    # Accelerate sharded the data before sifting: the ranks trained on different samples
+    first = [{i for b in r["trained"][:4] for i in b} for r in ranks]
+    assert not first[0] & first[1]
+    # the logged statistics are global: counts summed over both ranks, the same on each
+    counts = [k for k in r0["logged"] if k.startswith("sift/") and not k.endswith("_share")]
+    assert {k: r0["logged"][k] for k in counts} == {k: r1["logged"][k] for k in counts}
+    seen = sum(r["stats"]["num_orig_samples_seen"] for r in ranks)
+    assert r0["logged"]["sift/samples_seen"] <= seen
+    assert min(keep) < r0["logged"]["sift/keep_rate"] < max(keep)

@@ -205,6 +205,7 @@ class SiftingCallback(transformers.TrainerCallback):
         stream = kwargs.get("train_dataloader")
         if not isinstance(stream, SiftedEpochs):
             return
+        # every rank writes its own state (the main process may not have made the folder yet)
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        if os.path.isdir(folder):  # every rank writes its own state
-            torch.save(stream.state_dict(), state_file(folder, args.process_index))
+        os.makedirs(folder, exist_ok=True)
+        torch.save(stream.state_dict(), state_file(folder, args.process_index))
