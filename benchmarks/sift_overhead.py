@@ -207,12 +207,21 @@ def main() -> None:
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
+    payload: dict[str, Any] = {
         "benchmark": "sift_overhead",
         "description": __doc__.split("\n\n")[1],
         "machine": machine_info(device),
         "results": results,
     }
+    peak = max(max(r["load_average_1min"].values()) for r in results)
+    cores = os.cpu_count() or 1
+    if peak > cores:
+        payload["warning"] = (
+            f"the machine was oversubscribed (1-min load average up to {peak:.1f} on {cores} "
+            "cores): absolute times are inflated and the end-to-end check is unreliable; the "
+            "overhead percentages are medians of per-round ratios, which load affects less"
+        )
+        print(payload["warning"])
     out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {out}")
 
