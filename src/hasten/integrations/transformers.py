@@ -18,7 +18,10 @@ What it changes on this one ``trainer`` object (nothing global):
   learning-rate schedule from ``len(train_dataloader)``, so that length must be exact; a sifting
   pass's length is not known in advance (see :mod:`hasten.integrations.epochs`).
 * A :class:`SiftingCallback` adds ``sift/keep_rate``, ``sift/samples_seen`` ... to every log
-  (progress printer, TensorBoard, W&B, ``trainer.state.log_history``), counts summed over ranks.
+  (progress printer, TensorBoard, W&B, ``trainer.state.log_history``), counts summed over ranks,
+  and saves each rank's sifting state with every checkpoint.
+* ``trainer.train(resume_from_checkpoint=...)`` restores that state, so the sifted stream goes
+  on with the batch an uninterrupted run would have trained on next.
 
 Length of training:
 
@@ -70,7 +73,7 @@ _MARK = "_hasten_sifting"
 _RESUME = "_hasten_sifting_resume"
 
 
-def state_file(checkpoint_dir: str, rank: int) -> str:
+def _state_file(checkpoint_dir: str, rank: int) -> str:
     """Where :class:`SiftingCallback` saves rank ``rank``'s sifting state in a checkpoint."""
     return os.path.join(checkpoint_dir, f"hasten_sifting_rank{rank}.pt")
 
@@ -135,7 +138,7 @@ def enable_sifting(
             stream = SiftedEpochs(sifted, max(1, expected_batches(sifted, 1, delay=False)))
         saved = getattr(trainer, _RESUME, None)
         if saved is not None:
-            stream.load_state_dict(torch.load(saved, map_location="cpu", weights_only=False))
+            stream.load_state_dict(torch.load(saved, map_location="cpu", weights_only=True))
         return stream
 
     train = trainer.train
@@ -149,7 +152,7 @@ def enable_sifting(
             ckpt = get_last_checkpoint(trainer.args.output_dir)
         if not ckpt:
             return train(resume_from_checkpoint, *args, **kwargs)
-        saved = state_file(str(ckpt), trainer.args.process_index)
+        saved = _state_file(str(ckpt), trainer.args.process_index)
         if not os.path.isfile(saved):
             warnings.warn(
                 f"the checkpoint {ckpt} holds no sifting state ({os.path.basename(saved)}): the "
@@ -208,4 +211,4 @@ class SiftingCallback(transformers.TrainerCallback):
         # every rank writes its own state (the main process may not have made the folder yet)
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         os.makedirs(folder, exist_ok=True)
-        torch.save(stream.state_dict(), state_file(folder, args.process_index))
+        torch.save(stream.state_dict(), _state_file(folder, args.process_index))
