@@ -86,7 +86,7 @@ def test_fit_with_sifting_datamodule_and_metrics_callback(tmp_path):
     trainer.fit(module, datamodule=SiftedData())
 
     loader = trainer.train_dataloader
-    assert isinstance(loader, SiftedEpochs)
+    assert not hasattr(loader, "state_dict")  # not checkpointed unless checkpoint=True
     # 20 batches a pass, delay 4 then keep 1/2: (4 + 8 + 10 + 10) / 3 passes -> 11 per epoch
     assert len(loader) == 11
     assert module.batches_per_epoch == [11, 11, 11]  # every epoch exactly the planned length
@@ -94,6 +94,7 @@ def test_fit_with_sifting_datamodule_and_metrics_callback(tmp_path):
     stats = loader.stats
     assert stats.num_batches_out == 33 and 0.3 < stats.keep_rate < 0.7
     assert loader.loader.model is module  # scored with the module being trained
+    assert loader.data_epoch >= 2
 
     # the callback's values reached the logger (CSV) and the trainer's metrics
     assert trainer.callback_metrics["sift/keep_rate"] == pytest.approx(stats.keep_rate, abs=0.05)
@@ -168,3 +169,25 @@ def test_compiled_lightning_module_fits_with_sifting(tmp_path):
     # the 4 delay steps train on the same unscored batches: same losses in fp32
     assert comp.losses[:4] == pytest.approx(eager.losses[:4], rel=1e-4)
     assert list(comp.state_dict()) == list(eager.state_dict())
+
+
+@pytest.mark.slow
+def test_lightning_checkpoints_resume_with_default_loading(tmp_path):
+    ckpt = L.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ck"), save_last=True)
+    first = _trainer(tmp_path, max_epochs=1, callbacks=[ckpt], enable_checkpointing=True)
+    first.fit(Module(), datamodule=SiftedData(n=80))
+    resumed = Module()
+    second = _trainer(tmp_path, max_epochs=2)
+    # weights_only=True (Lightning's default) loads it: the loader state is not in it
+    second.fit(resumed, datamodule=SiftedData(n=80), ckpt_path=str(tmp_path / "ck" / "last.ckpt"))
+    assert second.current_epoch == 2 and len(resumed.batches_per_epoch) == 1
+
+
+def test_checkpoint_true_gives_lightning_the_stream_state(tmp_path):
+    trainer = _trainer(tmp_path, max_epochs=1)
+    loader = DataLoader(PlantedDataset(16), batch_size=4)
+    stream = sifting_dataloader(
+        trainer, loader, sift_config(), planted_loss, model=tiny_model(), checkpoint=True
+    )
+    assert isinstance(stream, SiftedEpochs)
+    assert callable(stream.state_dict) and callable(stream.load_state_dict)

@@ -30,8 +30,12 @@ What :func:`sifting_dataloader` takes care of:
 * **Epoch seeding.** Lightning calls ``set_epoch`` on the samplers it can see; the returned
   loader shows it none, and numbers and seeds the data passes itself (``set_epoch(p)`` on the
   inner sampler before pass ``p``), so a pass straddling two Lightning epochs keeps its order.
-* **Checkpoints.** The returned loader has ``state_dict``/``load_state_dict``, which Lightning
-  saves with its checkpoints and restores on resume.
+* **Checkpoints.** By default the returned loader offers Lightning no ``state_dict``, so
+  Lightning checkpoints load as usual (``weights_only=True``) and a resumed fit starts a fresh
+  sifted stream (new loss history, data passes numbered from 0). ``checkpoint=True`` lets
+  Lightning save the stream's state; Lightning restores it only when resuming mid-epoch, and the
+  state holds buffered rows as sifting batch objects, so the checkpoint must then be loaded with
+  ``trainer.fit(..., ckpt_path=..., weights_only=False)`` (your own checkpoints only).
 
 ``hasten.compile(lightning_module)`` compiles the module in place before ``trainer.fit``; the
 Trainer and the sifting scorer then both run the compiled module.
@@ -67,8 +71,9 @@ def sifting_dataloader(
     *,
     model: nn.Module | None = None,
     epoch_length: int | None = None,
+    checkpoint: bool = False,
     **loader_kwargs: Any,
-) -> SiftedEpochs:
+) -> Any:
     """A sifting loader for ``LightningDataModule.train_dataloader()`` (see the module docstring).
 
     Args:
@@ -78,10 +83,14 @@ def sifting_dataloader(
         loss: Per-sample loss: a :class:`~hasten.sifting.Loss` or a callable ``fn(model, batch)``.
         model: The module that scores samples; default ``trainer.lightning_module``.
         epoch_length: Batches per Lightning epoch; default as described in the module docstring.
+        checkpoint: Let Lightning save and restore the sifted stream's state (see the module
+            docstring: needs ``weights_only=False`` to resume).
         **loader_kwargs: Keyword arguments for :class:`~hasten.sifting.SiftingDataloader`.
 
     Returns:
-        A :class:`~hasten.integrations.epochs.SiftedEpochs` over the sifting loader.
+        A :class:`~hasten.integrations.epochs.SiftedEpochs` over the sifting loader (with
+        ``checkpoint=True``), or a view of one without ``state_dict`` (the default); either has
+        ``.loader``, ``.stats``, ``.data_epoch`` and an exact ``len()``.
 
     Raises:
         TypeError: ``trainer`` is not a Lightning ``Trainer``.
@@ -100,11 +109,40 @@ def sifting_dataloader(
         sift_config, dataloader, model=model, loss_impl=loss, **loader_kwargs
     )
     if epoch_length is not None:
-        return SiftedEpochs(sifted, epoch_length)
-    epochs = trainer.max_epochs
-    if trainer.max_steps == -1 and epochs is not None and epochs > 0:
-        return SiftedEpochs(sifted, passes=epochs)
-    return SiftedEpochs(sifted, max(1, expected_batches(sifted, 1, delay=False)))
+        stream = SiftedEpochs(sifted, epoch_length)
+    elif trainer.max_steps == -1 and trainer.max_epochs is not None and trainer.max_epochs > 0:
+        stream = SiftedEpochs(sifted, passes=trainer.max_epochs)
+    else:
+        stream = SiftedEpochs(sifted, max(1, expected_batches(sifted, 1, delay=False)))
+    return stream if checkpoint else _WithoutState(stream)
+
+
+class _WithoutState:
+    """A :class:`SiftedEpochs` without ``state_dict``, so Lightning does not checkpoint it."""
+
+    def __init__(self, stream: SiftedEpochs) -> None:
+        self.stream = stream
+        self.loader = stream.loader
+
+    def __iter__(self) -> Any:
+        return iter(self.stream)
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.stream.set_epoch(epoch)
+
+    @property
+    def stats(self) -> Any:
+        return self.stream.stats
+
+    @property
+    def data_epoch(self) -> int:
+        return self.stream.data_epoch
+
+    def __repr__(self) -> str:
+        return repr(self.stream)
 
 
 def _attached_module(trainer: pl.Trainer) -> nn.Module:

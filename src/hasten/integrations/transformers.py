@@ -137,8 +137,9 @@ def enable_sifting(
         else:
             stream = SiftedEpochs(sifted, max(1, expected_batches(sifted, 1, delay=False)))
         saved = getattr(trainer, _RESUME, None)
-        if saved is not None:
-            stream.load_state_dict(torch.load(saved, map_location="cpu", weights_only=True))
+        if saved is not None:  # hasten's own file in the user's checkpoint; it holds the
+            # buffered rows as sifting batch objects, which weights_only=True refuses
+            stream.load_state_dict(torch.load(saved, map_location="cpu", weights_only=False))
         return stream
 
     train = trainer.train
