@@ -2,7 +2,7 @@
 
 The public entry points are re-exported at the top level (``hasten.compile``,
 ``hasten.compile_step``, ``hasten.explain``, ``hasten.verify``, ``hasten.CompileConfig``); this
-package adds :func:`report` (what compiling a model has done so far) and :func:`grad_scaler` (the
+package adds :func:`compile_report` (what compiling a model has done so far) and :func:`grad_scaler` (the
 gradient scaler of an fp16 model). Submodules are imported lazily, so ``import hasten.compiler``
 stays cheap.
 
@@ -21,14 +21,22 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["CompileConfig", "compile", "compile_step", "explain", "grad_scaler", "report", "verify"]
+__all__ = [
+    "CompileConfig",
+    "compile",
+    "compile_report",
+    "compile_step",
+    "explain",
+    "grad_scaler",
+    "verify",
+]
 
 _LAZY = {
     "CompileConfig": "hasten.compiler.config",
     "compile": "hasten.compiler.api",
     "compile_step": "hasten.compiler.api",
     "explain": "hasten.compiler.api",
-    "report": "hasten.compiler.api",
+    "compile_report": "hasten.compiler.api",
     "verify": "hasten.compiler.api",
     "grad_scaler": "hasten.compiler.precision",
 }

@@ -28,7 +28,7 @@ from hasten.compiler.traps import apply_fixes, unwrap_data_parallel
 if TYPE_CHECKING:
     from hasten.compiler.verify import VerifyResult
 
-__all__ = ["compile", "compile_step", "explain", "report", "verify"]
+__all__ = ["compile", "compile_report", "compile_step", "explain", "verify"]
 
 _RECORDS: weakref.WeakKeyDictionary[nn.Module, CompileRecord] = weakref.WeakKeyDictionary()
 
@@ -84,7 +84,7 @@ def compile(model: nn.Module, config: CompileConfig | None = None, **overrides: 
     return model
 
 
-def report(model: nn.Module) -> CompileReport:
+def compile_report(model: nn.Module) -> CompileReport:
     """What compiling ``model`` has done so far (graphs, breaks, recompiles, passes, time).
 
     Raises:

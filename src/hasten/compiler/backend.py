@@ -48,6 +48,7 @@ class HastenBackend:
     """
 
     def __init__(self, config: CompileConfig | None = None, record: CompileRecord | None = None):
+        self.__name__ = "hasten"  # how TorchDynamo names the backend in errors and logs
         self.config = config or CompileConfig()
         self.record = record if record is not None else CompileRecord()
         enabled = self.config.enabled_passes()

@@ -2,7 +2,7 @@
 
 :class:`CompileRecord` is filled in while hasten compiles (by the backend, the recompile guard and
 the fallback); :class:`CompileReport` is the read-only summary users get from
-``hasten.explain(model, *inputs)`` or ``hasten.compiler.report(model)``.
+``hasten.explain(model, *inputs)`` or ``hasten.compiler.compile_report(model)``.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class CompiledForward:
         self.eager = eager_forward(module, config, device_type)
         self.backend = HastenBackend(config, record)
         self.failed = False
-        self._warned_recompiles = False
+        self._pending: list[tuple[str, str]] = []
         self.compiled = torch._dynamo.optimize(
             self.backend,
             nopython=config.fullgraph,
@@ -99,6 +99,8 @@ class CompiledForward:
             if self.config.fallback == "raise" or not is_compile_error(err):
                 raise
             return self._fall_back(err, args, kwargs)
+        finally:
+            self._flush_recompiles()
         if self.record.backend_calls != calls:  # this call compiled (or recompiled) a graph
             self.record.compile_seconds += time.perf_counter() - t0
         return out
@@ -120,37 +122,51 @@ class CompiledForward:
         return out
 
     def _on_guard_fail(self, fail: Any) -> None:
+        # Dynamo calls this once per cached graph whose guards failed, when it is about to
+        # recompile (or has hit the recompile limit); _flush_recompiles groups them per call.
+        code = getattr(getattr(fail, "orig_code", None), "co_name", "?")
+        self._pending.append((code, str(getattr(fail, "reason", fail)).strip()))
+
+    def _flush_recompiles(self) -> None:
         import torch._dynamo.config as dynamo_config
 
-        code = getattr(getattr(fail, "orig_code", None), "co_name", "?")
-        guard = str(getattr(fail, "reason", fail)).strip()
-        with self.record.lock:
-            self.record.recompiles.append(Recompile(code, guard))
-            n = sum(1 for r in self.record.recompiles if r.function == code)
+        pending, self._pending = self._pending, []
+        by_code: dict[str, list[str]] = {}
+        for code, guard in pending:
+            by_code.setdefault(code, []).append(guard)
         limit = dynamo_config.recompile_limit
-        warn_at = self.config.warn_recompiles
-        if n >= limit:
-            warnings.warn(
-                f"hasten: {self.name} ({code}) hit torch's recompile limit ({limit}); TorchDynamo "
-                f"now runs it eagerly. Last guard that failed: {guard}. Make the changing value "
-                "a tensor, or pass dynamic=True for changing shapes.",
-                RecompileWarning,
-                stacklevel=4,
-            )
-        elif warn_at and n >= warn_at and not self._warned_recompiles:
-            self._warned_recompiles = True
-            causes = "; ".join([r.guard for r in self.record.recompiles if r.function == code][:3])
-            warnings.warn(
-                f"hasten: {self.name} ({code}) was recompiled {n} times; at {limit} torch stops "
-                f"compiling it and runs it eagerly. Guards that failed: {causes}. Changing shapes: "
-                "pass dynamic=True or pad to a few lengths; a changing Python number: make it a "
-                "tensor. hasten.explain(model, ...) shows more.",
-                RecompileWarning,
-                stacklevel=4,
-            )
+        for code, guards in by_code.items():
+            with self.record.lock:
+                self.record.recompiles.append(Recompile(code, guards[0]))
+                causes = [r.guard for r in self.record.recompiles if r.function == code]
+            if len(guards) >= limit:  # every cached graph failed and there is no room for more
+                warnings.warn(
+                    f"hasten: {self.name} ({code}) hit torch's recompile limit ({limit}); "
+                    f"TorchDynamo now runs it eagerly. Guard that failed: {_short(guards[0])}. "
+                    "Make the changing value a tensor, or pass dynamic=True for changing shapes.",
+                    RecompileWarning,
+                    stacklevel=4,
+                )
+            elif self.config.warn_recompiles and len(causes) == self.config.warn_recompiles:
+                warnings.warn(
+                    f"hasten: {self.name} ({code}) was recompiled {len(causes)} times; at {limit} "
+                    "torch stops compiling it and runs it eagerly. Guards that failed: "
+                    + "; ".join(_short(c) for c in causes[:3])
+                    + ". Changing shapes: pass dynamic=True or pad to a few lengths; a changing "
+                    "Python number: make it a tensor. hasten.explain(model, ...) shows more.",
+                    RecompileWarning,
+                    stacklevel=4,
+                )
+
+
+def _short(guard: str) -> str:
+    return guard.splitlines()[0].strip() if guard else guard
 
 
 def _one_line(err: BaseException) -> str:
+    inner = getattr(err, "inner_exception", None)  # BackendCompilerFailed wraps the real error
+    if isinstance(inner, BaseException):
+        err = inner
     text = str(err).strip().splitlines()
     first = next((ln.strip() for ln in text if ln.strip()), "")
     return f"{type(err).__name__}: {first}"[:500]

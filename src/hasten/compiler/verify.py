@@ -138,7 +138,7 @@ def verify_training(
             opt.zero_grad(set_to_none=True)
             losses.append(float(loss.detach()))  # host sync: once per verification step
         runs.append(losses)
-    rep = api.report(compiled)
+    rep = api.compile_report(compiled)
     if rep.fallback:
         notes.append(f"the compiled copy fell back to eager: {rep.fallback}")
     loss_tol, param_tol = TOLERANCES[cfg.precision]

@@ -92,6 +92,35 @@ class ReturnsAttentionWeights(nn.Module):
         return w @ v, w
 
 
+class NoOpChain(nn.Module):
+    """Casts, views, transposes, dropout and arithmetic that all return their input."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x).float().contiguous().view(x.shape)
+        h = h.transpose(1, 2).transpose(1, 2).permute(0, 2, 1).permute(0, 2, 1)
+        h = F.dropout(h, p=0.0, training=True) * 1 + 0
+        h = h.to(torch.float32) / 1 - 0
+        return self.lin(h)
+
+
+class MutatedAfterMulByOne(nn.Module):
+    """``y = h * 1`` is a new tensor: mutating it must not touch ``h``."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        y = h * 1
+        y.add_(1.0)
+        return h + y
+
+
 def _x(*shape: int) -> Callable[[torch.Generator], tuple[Any, ...]]:
     return lambda g: (torch.randn(*shape, generator=g, requires_grad=True),)
 
@@ -161,6 +190,10 @@ def _additive(g: torch.Generator) -> tuple[Any, ...]:
 
 
 PASS_CASES: dict[str, list[PassCase]] = {
+    "simplify": [
+        PassCase("noop_chain", NoOpChain, _x(2, 4, 8), 9),
+        PassCase("mutated_copy_kept", MutatedAfterMulByOne, _x(2, 8), 0),
+    ],
     "attention_to_sdpa": [
         PassCase("nanogpt_causal", NanoGPTAttention, _x(2, 16, 32), 1),
         PassCase("additive_mask_then_scale", AdditiveMaskThenScale, _additive, 1),
