@@ -108,6 +108,12 @@ VARIANTS["hc"] = _hasten(fused=False)
 VARIANTS["hc_fused"] = _hasten()
 VARIANTS["hc_bf16"] = _hasten("bf16", fused=False)
 VARIANTS["hc_bf16_fused"] = _hasten("bf16")
+VARIANTS["hc_fb"] = _hasten(inductor_options={"fallback_random": True})
+VARIANTS["hc_bf16_fb"] = _hasten("bf16", inductor_options={"fallback_random": True})
+VARIANTS["hc_cppwrap"] = _hasten(inductor_options={"cpp_wrapper": True})
+VARIANTS["hc_autotune"] = _hasten(mode="max-autotune")
+VARIANTS["hc_nopass"] = _hasten(passes={"attention_to_sdpa": False, "simplify": False})
+VARIANTS["hc_bf16_autotune"] = _hasten("bf16", mode="max-autotune")
 
 
 def extra_variants(path: str | None) -> None:
@@ -153,12 +159,14 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"\n{a.model}/{a.size}  ({a.rounds} rounds x {a.steps} steps, threads={torch.get_num_threads()})"
     )
+    base_min = min(times[a.variants[0]])
     for name in a.variants:
         med = statistics.median(times[name])
         q = statistics.quantiles(times[name], n=5)
         print(
-            f"{name:>14}: median {med * 1e3:8.1f} ms  p20 {q[0] * 1e3:8.1f}  p80 {q[-1] * 1e3:8.1f}"
-            f"  speed-up vs {a.variants[0]} {base / med:5.2f}x  warm-up {first[name]:6.1f}s"
+            f"{name:>16}: median {med * 1e3:8.1f} ms  p20 {q[0] * 1e3:8.1f}  p80 {q[-1] * 1e3:8.1f}"
+            f"  min {min(times[name]) * 1e3:8.1f}  vs {a.variants[0]}: median {base / med:5.2f}x"
+            f" min {base_min / min(times[name]):5.2f}x  warm-up {first[name]:6.1f}s"
         )
 
 

@@ -156,3 +156,37 @@ def test_recompile_limit_warns_that_torch_falls_back_to_eager():
     torch.testing.assert_close(out, model.lin(x) * 4.0, rtol=RTOL, atol=ATOL)  # still right
     msgs = [str(w.message) for w in caught if issubclass(w.category, RecompileWarning)]
     assert any("recompile limit (2)" in m and "runs it eagerly" in m for m in msgs), msgs
+
+
+def test_post_grad_passes_run_through_inductors_hook_and_keep_the_cache_warm(monkeypatch):
+    from torch._dynamo.utils import counters
+
+    from hasten.compiler.passes import registry
+
+    seen: list[int] = []
+
+    def count_nodes(gm, example_inputs):
+        seen.append(len(gm.graph.nodes))
+        registry.record("graphs_seen")
+        return gm
+
+    entry = registry.GraphPass("count_nodes", "post_grad", count_nodes, True, "test only")
+    monkeypatch.setitem(registry._REGISTRY, "count_nodes", entry)
+
+    def run() -> hasten.compiler.report.CompileReport:
+        torch._dynamo.reset()
+        model = hasten.compile(nn.Sequential(nn.Linear(3, 5), nn.Tanh()))
+        model(torch.randn(4, 3)).sum().backward()
+        return hasten.compiler.compile_report(model)
+
+    first = run()
+    assert len(seen) == 2  # forward and backward graph, through post_grad_custom_pre_pass
+    stats = [s for s in first.pass_stats if s.name == "count_nodes"]
+    assert [s.changes["graphs_seen"] for s in stats] == [1, 1]
+    counters.clear()
+    run()  # same graphs, same pass sources: Inductor's caches must hit, so the pass is not rerun
+    hits = (
+        counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+    )
+    assert hits >= 1, dict(counters["inductor"])
+    assert len(seen) == 2
