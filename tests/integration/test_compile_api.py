@@ -190,3 +190,25 @@ def test_post_grad_passes_run_through_inductors_hook_and_keep_the_cache_warm(mon
     )
     assert hits >= 1, dict(counters["inductor"])
     assert len(seen) == 2
+
+
+def test_ddp_of_sequential_really_compiles(tmp_path):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch._dynamo.reset()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        inner = _mlp()
+        ddp = DDP(inner)
+        assert hasten.compile(ddp) is ddp
+        x = torch.randn(5, 8)
+        out = ddp(x)
+        out.sum().backward()
+        rep = hasten.compiler.compile_report(ddp)
+        assert rep.graph_count == 1  # torch.compile(DDP(nn.Sequential)) would capture none
+        assert any("DistributedDataParallel(Sequential)" in f for f in rep.fixes)
+        assert inner[0].weight.grad is not None
+        torch.testing.assert_close(out, _mlp()(x), rtol=RTOL, atol=ATOL)
+    finally:
+        dist.destroy_process_group()

@@ -65,14 +65,13 @@ def compile(model: nn.Module, config: CompileConfig | None = None, **overrides: 
             optimizer.zero_grad()
     """
     cfg = _config(config, overrides)
-    target = _check_model(model)
+    target, note = unwrap_data_parallel(_check_model(model))
+    device = _device_of(target)
+    cfg.check_device(device)  # before anything changes the model
     record = CompileRecord()
-    target, note = unwrap_data_parallel(target)
     if note:
         record.fixes.append(note)
     record.fixes.extend(apply_fixes(target, fix=cfg.fix_known_traps))
-    device = _device_of(target)
-    cfg.check_device(device)
     if cfg.precision == "fp16":
         attach_grad_scaler(model, device.type)
         if target is not model:

@@ -89,7 +89,9 @@ class CompiledForward:
         )(self.eager)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.failed:
+        if self.failed or torch.compiler.is_compiling():
+            # Inside another compiled region (the user compiled a function calling this model),
+            # the outer trace takes the plain forward in.
             return self.eager(*args, **kwargs)
         calls = self.record.backend_calls
         t0 = time.perf_counter()
