@@ -1,0 +1,87 @@
+"""What the loader needs to know about its surroundings: the wrapped loader's generators and
+sampler, and torch.distributed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "gather_counts",
+    "get_loader_generator_states",
+    "is_iterable_style",
+    "rank",
+    "set_loader_generator_states",
+    "shuffles_globally",
+]
+
+
+def is_iterable_style(loader: Any) -> bool:
+    """Whether short batches may come mid-epoch (iterable datasets, or no dataset known)."""
+    dataset = getattr(loader, "dataset", None)
+    return dataset is None or isinstance(dataset, torch.utils.data.IterableDataset)
+
+
+def _loader_generators(loader: Any) -> list[torch.Generator]:
+    found: list[torch.Generator] = []
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for owner in (
+        loader,
+        getattr(loader, "sampler", None),
+        getattr(batch_sampler, "sampler", None),
+    ):
+        gen = getattr(owner, "generator", None)
+        if isinstance(gen, torch.Generator) and all(gen is not g for g in found):
+            found.append(gen)
+    return found
+
+
+def get_loader_generator_states(loader: Any) -> list[Tensor] | None:
+    """States of the generators that decide the wrapped loader's order (``None``: none)."""
+    gens = _loader_generators(loader)
+    return [g.get_state() for g in gens] if gens else None
+
+
+def set_loader_generator_states(loader: Any, states: list[Tensor] | None) -> None:
+    """Put back what :func:`get_loader_generator_states` returned."""
+    if states is None:
+        return
+    gens = _loader_generators(loader)
+    if len(gens) != len(states):
+        raise RuntimeError(
+            f"cannot resume: the checkpoint holds {len(states)} DataLoader generator state(s) but "
+            f"the wrapped loader has {len(gens)} generator(s); resume with the same loader setup"
+        )
+    for g, s in zip(gens, states):
+        g.set_state(s)
+
+
+def shuffles_globally(loader: Any) -> bool:
+    """Whether the loader shuffles from the global RNG (its order cannot be replayed)."""
+    sampler = getattr(loader, "sampler", None)
+    return isinstance(sampler, torch.utils.data.RandomSampler) and sampler.generator is None
+
+
+def rank() -> int:
+    """This process's rank (0 outside torch.distributed)."""
+    if _distributed():
+        return torch.distributed.get_rank()
+    return 0
+
+
+def _distributed() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def gather_counts(counts: Tensor) -> list[list[int]]:
+    """Every rank's ``counts`` as host ints; one host sync (plus one all_gather under DDP)."""
+    if not _distributed():
+        return [counts.tolist()]  # HOST SYNC
+    dist = torch.distributed
+    t = counts if dist.get_backend() == "nccl" else counts.cpu()
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return torch.stack(out).tolist()  # HOST SYNC

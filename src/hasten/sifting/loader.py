@@ -1,0 +1,757 @@
+"""``SiftingDataloader``: wraps a DataLoader, scores each sample, yields full batches of kept ones.
+
+The loader's stages, per batch of the wrapped loader (the names are those of the latency log
+lines; ``stats.stage_seconds`` times each)::
+
+    for epoch in ...:                          # one `for batch in loader` loop = one epoch
+        for batch in orig_dataloader:          # load
+            if step < sift_delay:              # delay: pass the batch through, unscored
+                yield batch; continue
+            sb = transform(batch)              # transform: move to the model's device, flatten
+            losses = loss_impl.loss(model, sb, batch)    # calculate_relevance_values
+                                               #   (model.eval(), torch.inference_mode(),
+                                               #    modes restored after)
+            keep = policy(losses, history, generator)    # should_sift: the one host sync
+            history.add(losses)
+            kept = sb.select(keep)             # sift
+            buffer.add(kept)                   # accumulate (on the model's device)
+            while len(buffer) >= batch_size:
+                yield reverse_transform(buffer.pop(batch_size))  # reverse_transform
+        if buffer and not drop_last:           # the last, partial batch
+            yield reverse_transform(buffer.pop(len(buffer)))
+
+Every yielded batch has the wrapped loader's batch size and the type and structure of its
+batches. Each kept row is yielded once; the policy decides which rows are kept (see
+:mod:`hasten.sifting.policy`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hasten.sifting._runtime import (
+    gather_counts,
+    get_loader_generator_states,
+    is_iterable_style,
+    rank,
+    set_loader_generator_states,
+    shuffles_globally,
+)
+from hasten.sifting.batch import (
+    DefaultBatchTransform,
+    SiftingBatch,
+    SiftingBatchTransform,
+    TreeBatch,
+    move_to_device,
+)
+from hasten.sifting.buffer import KeptBuffer
+from hasten.sifting.config import coerce_sift_config
+from hasten.sifting.exceptions import (
+    LossImplementationNotProvidedException,
+    UnsupportedDataFormatException,
+)
+from hasten.sifting.history import LossHistory
+from hasten.sifting.loss import SupportsLoss, as_loss
+from hasten.sifting.policy import SiftPolicy, policy_for
+from hasten.sifting.stats import STAGES, SiftingStats
+
+__all__ = ["SiftingDataloader"]
+
+logger = logging.getLogger("hasten.sifting")
+
+_STATE_VERSION = 1
+
+
+class SiftingDataloader:
+    """Smart sifting: trains on full batches of the samples a model still gets wrong.
+
+    Drop-in for SageMaker's ``smart_sifting.dataloader.sift_dataloader.SiftingDataloader`` (same
+    positional and keyword arguments); hasten's extras are keyword-only.
+
+    Args:
+        sift_config: A :class:`~hasten.sifting.config.RelativeProbabilisticSiftConfig` (or a
+            registered config of another policy), or the equivalent dict.
+        orig_dataloader: The DataLoader (or any re-iterable of batches) to wrap.
+        batch_transforms: Optional :class:`~hasten.sifting.batch.SiftingBatchTransform` for
+            batch formats the built-in codec does not handle.
+        model: The model being trained; scores samples in eval mode.
+        loss_impl: A :class:`~hasten.sifting.loss.Loss` (anything with
+            ``.loss(model, transformed_batch, original_batch)``) or a plain callable
+            ``fn(model, batch) -> Tensor[batch]``, returning one loss per sample.
+        log_batch_data: Log the losses of the samples kept and dropped, every batch (copies
+            them to the host: for pilot runs).
+        batch_format_index: The dimension of every tensor in a batch that indexes samples
+            (default 0). Set 1 for feature-major tensors.
+        seed: Seed of the sifting generator. Default: ``torch.initial_seed()``, so
+            ``torch.manual_seed(s)`` before building the loader makes runs reproducible, and
+            the global RNG is not consumed.
+        generator: A ready :class:`torch.Generator` on the scoring device (instead of ``seed``).
+        device: Where to score and accumulate (default: the device of the model's parameters).
+        batch_size: Size of yielded batches when the wrapped loader has no ``batch_size``
+            (a custom ``batch_sampler``); default: the size of its first batch.
+        log_interval: Log a progress line every this many yielded batches (``None`` or 0: never).
+
+    Attributes:
+        stats: A :class:`~hasten.sifting.stats.SiftingStats`, updated as batches go by.
+        last_sample_ids: For the last yielded batch, the position of each row in its epoch's
+            stream of samples (int64 tensor, ``None`` for batches passed through unscored).
+        last_weights: Per-row weights of the last yielded batch from a reweighting policy
+            (``None`` when the policy gives none).
+
+    Length, epochs, resume: see :meth:`__len__`, :meth:`set_epoch` and :meth:`state_dict`.
+    Attributes it does not define (``dataset``, ``sampler`` ...) come from ``orig_dataloader``.
+    """
+
+    def __init__(
+        self,
+        sift_config: Any,
+        orig_dataloader: Any,
+        batch_transforms: SiftingBatchTransform | None = None,
+        model: nn.Module | None = None,
+        loss_impl: Any = None,
+        log_batch_data: bool = False,
+        batch_format_index: int | None = None,
+        *,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        device: torch.device | str | None = None,
+        batch_size: int | None = None,
+        log_interval: int | None = 100,
+    ) -> None:
+        self.sift_config = coerce_sift_config(sift_config)
+        self.orig_dataloader = orig_dataloader
+        self.model = _check_model(model)
+        self.loss_impl: SupportsLoss = _check_loss(loss_impl)
+        if batch_transforms is not None and not (
+            callable(getattr(batch_transforms, "transform", None))
+            and callable(getattr(batch_transforms, "reverse_transform", None))
+        ):
+            raise TypeError(
+                f"batch_transforms must be a SiftingBatchTransform (with transform() and "
+                f"reverse_transform()), got {type(batch_transforms).__name__}"
+            )
+        if batch_format_index is not None and (
+            isinstance(batch_format_index, bool)
+            or not isinstance(batch_format_index, int)
+            or batch_format_index < 0
+        ):
+            raise ValueError(
+                f"batch_format_index must be a dimension index >= 0 (0: samples along the "
+                f"first dimension, 1: along the second) or None, got {batch_format_index!r}"
+            )
+        if seed is not None and generator is not None:
+            raise ValueError("pass either seed or generator, not both")
+        for name, value in (("batch_size", batch_size), ("log_interval", log_interval)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+        if batch_size == 0:
+            raise ValueError("batch_size must be >= 1")
+        self.batch_transforms = batch_transforms
+        self.log_batch_data = bool(log_batch_data)
+        self.batch_format_index = batch_format_index
+        self._transform: SiftingBatchTransform = batch_transforms or DefaultBatchTransform(
+            batch_format_index
+        )
+        self._default_codec = batch_transforms is None
+        self._device = None if device is None else torch.device(device)
+        self.log_interval = log_interval or 0
+
+        self._policy: SiftPolicy = policy_for(self.sift_config)
+        self._history = LossHistory(self.sift_config.loss_history_length)
+        self._seed = int(torch.initial_seed() if seed is None else seed) % (2**63)
+        self._generator = generator
+        self._pending_generator_state: dict[str, Any] | None = None
+        self.stats = SiftingStats()
+        self.last_sample_ids: Tensor | None = None
+        self.last_weights: Tensor | None = None
+
+        orig_bs = getattr(orig_dataloader, "batch_size", None)
+        self._fixed_batch_size = orig_bs if isinstance(orig_bs, int) else None
+        self._out_batch_size: int | None = self._fixed_batch_size or batch_size
+
+        # position; everything below round-trips through state_dict()
+        self._epoch = -1  # epochs started
+        self._sampler_epoch: int | None = None  # last value given to set_epoch
+        self._in_epoch = False
+        self._batches_in = 0  # this epoch
+        self._samples_in = 0  # this epoch
+        self._short_batch_seen = False
+        self._delay_done = 0  # steps passed through (this epoch with repeat_delay_per_epoch)
+        self._delay_done_epoch_start = 0
+        self._loader_generator_states: list[Tensor] | None = None
+        self._buffer = KeptBuffer()
+        self._rank_fills: list[int] | None = None  # kept rows per rank this epoch
+        self._sifted_out_this_epoch = 0  # sifted batches yielded this epoch
+        self._warned_nonfinite = False
+        self._resume = False
+        self._token = 0  # invalidates running iterators on __iter__ / load_state_dict
+        self._last_log = (0, dict.fromkeys(STAGES, 0.0))
+        self._modules: list[nn.Module] | None = None  # the model's modules, listed each epoch
+
+    # ------------------------------------------------------------------ protocol
+
+    def __iter__(self) -> Iterator[Any]:
+        self._token += 1
+        return self._run(self._token)
+
+    def __len__(self) -> int:
+        """Expected number of batches in an epoch at the current keep rate.
+
+        Counts the batches passed through during the delay, plus the kept samples of the rest
+        divided by the batch size (rounded up, or down under ``drop_last``). The keep rate is the
+        one observed so far, or the config's expected rate before any scoring, so the value can
+        change between epochs and the actual count can differ by a batch or two. Use it for
+        progress bars and rough schedules; for exact LR schedules, count optimizer steps.
+
+        Raises:
+            TypeError: when the wrapped loader has no length (an ``IterableDataset`` without
+                ``__len__``): give the dataset a ``__len__`` or train by steps.
+        """
+        orig = self.orig_dataloader
+        try:
+            n_in = len(orig)
+        except TypeError as err:
+            raise TypeError(
+                f"len(SiftingDataloader) needs the length of the wrapped loader, and "
+                f"{type(orig).__name__} has none (an IterableDataset without __len__?). Give the "
+                "dataset a __len__, or train by steps (max_steps) instead of epochs"
+            ) from err
+        b_in = self._fixed_batch_size or self._out_batch_size
+        if b_in is None:
+            raise TypeError(
+                "len(SiftingDataloader) needs the batch size: the wrapped loader has none (custom "
+                "batch_sampler); pass SiftingDataloader(..., batch_size=N)"
+            )
+        b_out = self._out_batch_size or b_in
+        delay = self.sift_config.sift_delay
+        start = self._delay_done_epoch_start if self._in_epoch else self._delay_done
+        left = delay if self.sift_config.repeat_delay_per_epoch else max(0, delay - start)
+        passed = min(left, n_in)
+        total = n_in * b_in
+        sampler = getattr(orig, "sampler", None)
+        if not self._drop_last and self._fixed_batch_size is not None:
+            with contextlib.suppress(TypeError):
+                total = len(sampler)  # type: ignore[arg-type]
+        rate = self.stats.keep_rate
+        if rate is None:
+            rate = float(getattr(self.sift_config, "expected_keep_rate", 1.0))
+        kept = rate * max(0, total - passed * b_in)
+        if self._drop_last:
+            return passed + math.floor(kept / b_out + 1e-9)
+        return passed + math.ceil(kept / b_out - 1e-9)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Record ``epoch`` and pass it to the wrapped loader's ``set_epoch`` and to its sampler's
+        (``DistributedSampler``), where they exist. Call it before each epoch, as usual."""
+        self._sampler_epoch = epoch
+        orig = self.orig_dataloader
+        batch_sampler = getattr(orig, "batch_sampler", None)
+        seen: set[int] = set()
+        for target in (
+            orig,
+            batch_sampler,
+            getattr(orig, "sampler", None),
+            getattr(batch_sampler, "sampler", None),
+        ):
+            fn = getattr(target, "set_epoch", None)
+            if target is not None and callable(fn) and id(target) not in seen:
+                seen.add(id(target))
+                fn(epoch)
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for names not found normally: delegate to the wrapped loader
+        if name.startswith("_") or "orig_dataloader" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.orig_dataloader, name)
+
+    def __repr__(self) -> str:
+        return (
+            f"SiftingDataloader({self.sift_config!r}, "
+            f"orig_dataloader={type(self.orig_dataloader).__name__}, "
+            f"loss_impl={self.loss_impl!r})"
+        )
+
+    # ------------------------------------------------------------------ checkpointing
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly where this loader is, mid-epoch included.
+
+        Holds: the loss history, counters and stats, the delay position, the sifting
+        generator's state, the kept rows not yet yielded (copied to CPU), the number of batches
+        consumed from the wrapped loader this epoch, and the state its generators had when the
+        epoch began.
+
+        To resume, build the same model (load its weights), the same wrapped loader and a new
+        ``SiftingDataloader`` with the same arguments, call :meth:`load_state_dict`, then
+        iterate: the loader re-creates the epoch's order and skips the batches already consumed
+        (they are loaded but not scored), so it yields the batches an uninterrupted run would.
+        The order can be re-created when the wrapped loader shuffles with its own
+        ``generator=torch.Generator().manual_seed(...)``, with a seeded ``DistributedSampler``
+        (call :meth:`set_epoch` as usual), or does not shuffle.
+        """
+        gen = self._generator
+        return {
+            "version": _STATE_VERSION,
+            "sift_config": _config_repr(self.sift_config),
+            "seed": self._seed,
+            "generator": None
+            if gen is None
+            else {"device": gen.device.type, "state": gen.get_state()},
+            "history": self._history.state_dict(),
+            "stats": self.stats.as_dict(),
+            "epoch": self._epoch,
+            "sampler_epoch": self._sampler_epoch,
+            "in_epoch": self._in_epoch,
+            "batches_in": self._batches_in,
+            "samples_in": self._samples_in,
+            "short_batch_seen": self._short_batch_seen,
+            "delay_done": self._delay_done,
+            "delay_done_epoch_start": self._delay_done_epoch_start,
+            "out_batch_size": self._out_batch_size,
+            # mid-epoch: as the epoch began (to replay its order); between epochs: as they are now
+            "loader_generator_states": self._loader_generator_states
+            if self._in_epoch
+            else get_loader_generator_states(self.orig_dataloader),
+            "buffer": self._buffer.state_dict(),
+            "rank_fills": self._rank_fills,
+            "sifted_out_this_epoch": self._sifted_out_this_epoch,
+            "warned_nonfinite": self._warned_nonfinite,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; the next iteration continues from there."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"unsupported SiftingDataloader state version {state.get('version')!r} "
+                f"(this hasten writes {_STATE_VERSION})"
+            )
+        if state["sift_config"] != _config_repr(self.sift_config):
+            warnings.warn(
+                f"resuming sifting with a different config: saved {state['sift_config']}, now "
+                f"{_config_repr(self.sift_config)}",
+                stacklevel=2,
+            )
+        self._seed = state["seed"]
+        self._pending_generator_state = state["generator"]
+        if self._generator is not None:
+            self._apply_generator_state(self._generator.device)
+        self._history.load_state_dict(state["history"], self._history.device)
+        self.stats = SiftingStats()
+        self.stats.load_dict(state["stats"])
+        self._epoch = state["epoch"]
+        self._sampler_epoch = state["sampler_epoch"]
+        self._in_epoch = state["in_epoch"]
+        self._batches_in = state["batches_in"]
+        self._samples_in = state["samples_in"]
+        self._short_batch_seen = state["short_batch_seen"]
+        self._delay_done = state["delay_done"]
+        self._delay_done_epoch_start = state["delay_done_epoch_start"]
+        self._out_batch_size = state["out_batch_size"]
+        self._loader_generator_states = state["loader_generator_states"]
+        self._buffer = KeptBuffer.from_state_dict(state["buffer"])
+        self._rank_fills = state["rank_fills"]
+        self._sifted_out_this_epoch = state["sifted_out_this_epoch"]
+        self._warned_nonfinite = state["warned_nonfinite"]
+        self._resume = True
+        self._token += 1
+        if self._sampler_epoch is not None:
+            self.set_epoch(self._sampler_epoch)
+        if (
+            self._in_epoch
+            and self._loader_generator_states is None
+            and shuffles_globally(self.orig_dataloader)
+        ):
+            warnings.warn(
+                "resuming mid-epoch, but the wrapped DataLoader shuffles with the global RNG, so "
+                "this epoch's order cannot be replayed and some samples may repeat or be "
+                "skipped until the epoch ends. Pass generator=torch.Generator().manual_seed(s) "
+                "to the DataLoader for an exact resume",
+                stacklevel=2,
+            )
+
+    # ------------------------------------------------------------------ iteration
+
+    @property
+    def _drop_last(self) -> bool:
+        return bool(getattr(self.orig_dataloader, "drop_last", False))
+
+    def _in_delay(self) -> bool:
+        return self._delay_done < self.sift_config.sift_delay
+
+    def _run(self, token: int) -> Iterator[Any]:
+        device = self._device or _model_device(self.model)
+        it = self._begin_epoch(device)
+        stats, stage = self.stats, self.stats.stage_seconds
+        mark = time.perf_counter()
+        while True:
+            if token != self._token:
+                raise RuntimeError(
+                    "this SiftingDataloader iterator is stale: the loader was iterated again or "
+                    "restored with load_state_dict since it was created; start a new `for` loop"
+                )
+            t0 = time.perf_counter()
+            stats.wall_seconds += t0 - mark
+            mark = t0
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            stats.load_seconds += time.perf_counter() - t0
+            self._batches_in += 1
+            stats.num_batches_in += 1
+            if self._in_delay():
+                n = self._count(batch)
+                self._samples_in += n
+                self._delay_done += 1
+                stats.num_orig_samples_seen += n
+                stats.num_orig_samples_kept += n
+                stats.num_batches_out += 1
+                stats.num_samples_yielded += n
+                self.last_sample_ids = self.last_weights = None
+                self._maybe_log()
+                yield batch
+                continue
+            self._sift(batch, device, stage)
+            while self._ready() > 0:
+                yield self._emit(self._out_batch_size, stage)  # type: ignore[arg-type]
+        stats.wall_seconds += time.perf_counter() - mark
+        yield from self._finish_epoch(stage)
+
+    def _begin_epoch(self, device: torch.device) -> Iterator[Any]:
+        orig = self.orig_dataloader
+        self._modules = None  # re-list the model's modules (they may have changed)
+        if self._resume:  # restored from a checkpoint: put the loader's generators back
+            self._resume = False
+            set_loader_generator_states(orig, self._loader_generator_states)
+            if self._in_epoch:
+                return self._continue_epoch(device)
+        self._epoch += 1
+        self._in_epoch = True
+        self._batches_in = self._samples_in = self._sifted_out_this_epoch = 0
+        self._short_batch_seen = False
+        self._buffer = KeptBuffer()
+        self._rank_fills = None
+        if self.sift_config.repeat_delay_per_epoch:
+            self._delay_done = 0
+        self._delay_done_epoch_start = self._delay_done
+        self._loader_generator_states = get_loader_generator_states(orig)
+        return iter(orig)
+
+    def _continue_epoch(self, device: torch.device) -> Iterator[Any]:
+        """Re-create the checkpointed epoch's iterator and skip the batches it had consumed."""
+        it = iter(self.orig_dataloader)
+        t0 = time.perf_counter()
+        for i in range(self._batches_in):
+            try:
+                next(it)
+            except StopIteration:
+                raise RuntimeError(
+                    f"cannot resume: the checkpoint consumed {self._batches_in} batches of "
+                    f"this epoch but the wrapped loader has only {i}; resume with the same "
+                    "data and loader settings"
+                ) from None
+        self.stats.load_seconds += time.perf_counter() - t0
+        self._buffer.to(device)
+        return it
+
+    def _count(self, batch: Any) -> int:
+        if self._default_codec:
+            n = len(TreeBatch.from_batch(batch, self.batch_format_index))
+        else:
+            n = len(self._transform.transform(batch))
+        self._check_batch_size(n)
+        return n
+
+    def _check_batch_size(self, n: int) -> None:
+        fixed = self._fixed_batch_size
+        if fixed is None:
+            return
+        if n > fixed or self._short_batch_seen:
+            what = (
+                f"a batch of {n} samples but the DataLoader's batch_size is {fixed}"
+                if n > fixed
+                else "a full batch after a short one"
+            )
+            raise UnsupportedDataFormatException(
+                f"sifting counted {what}: the batch is probably not laid out sample-first. "
+                "Pass batch_format_index=<the dimension that indexes samples> or "
+                "batch_transforms=<a SiftingBatchTransform>"
+            )
+        if n < fixed and not is_iterable_style(self.orig_dataloader):
+            self._short_batch_seen = True  # only the last batch of an epoch may be short
+
+    def _sift(self, batch: Any, device: torch.device, stage: dict[str, float]) -> None:
+        stats = self.stats
+        t0 = time.perf_counter()
+        non_blocking = device.type == "cuda"
+        if self._default_codec:
+            sb: SiftingBatch = TreeBatch.from_batch(batch, self.batch_format_index).to(
+                device, non_blocking
+            )
+            original = sb.to_batch()  # type: ignore[attr-defined]
+            transformed = original
+        else:
+            original = move_to_device(batch, device, non_blocking)
+            sb = self._transform.transform(original)
+            transformed = sb
+        n = len(sb)
+        self._check_batch_size(n)
+        if self._out_batch_size is None:
+            self._out_batch_size = n
+        t1 = time.perf_counter()
+        stage["transform"] += t1 - t0
+
+        losses = self._score(transformed, original, n)
+        t2 = time.perf_counter()
+        stage["calculate_relevance_values"] += t2 - t1
+
+        gen = self._generator_for(losses.device)
+        sel = self._policy(losses, self._history.values(), gen)
+        self._history.add(losses)
+        keep = sel.keep
+        order = torch.argsort(keep, descending=True, stable=True)  # kept rows first, in order
+        counts = torch.stack((keep, torch.isfinite(losses))).sum(1)
+        fills = gather_counts(counts)  # HOST SYNC: the one per incoming batch
+        n_kept, n_finite = fills[rank()]
+        n_bad = n - n_finite
+        t3 = time.perf_counter()
+        stage["should_sift"] += t3 - t2
+
+        if self._rank_fills is None:
+            self._rank_fills = [0] * len(fills)
+        for r, (k, _) in enumerate(fills):
+            self._rank_fills[r] += k
+        idx = order[:n_kept]
+        kept = sb.select(idx)
+        ids = idx + self._samples_in
+        weights = None if sel.weights is None else sel.weights.index_select(0, idx)
+        t4 = time.perf_counter()
+        stage["sift"] += t4 - t3
+
+        self._buffer.add(kept, ids, weights, n_kept)
+        stage["accumulate"] += time.perf_counter() - t4
+
+        self._samples_in += n
+        stats.num_batches_scored += 1
+        stats.num_orig_samples_seen += n
+        stats.num_orig_samples_scored += n
+        stats.num_orig_samples_kept += n_kept
+        stats.num_orig_samples_sifted_out += n - n_kept
+        if n_bad:
+            stats.num_nonfinite_losses += n_bad
+            if not self._warned_nonfinite:
+                self._warned_nonfinite = True
+                warnings.warn(
+                    f"sifting scored {n_bad} sample(s) with a NaN or infinite loss; they are "
+                    "kept for training (and ranked as the highest loss). Counted in "
+                    "loader.stats.num_nonfinite_losses; this warning is shown once",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        if self.log_batch_data:
+            self._log_batch(losses, keep)
+
+    def _score(self, transformed: Any, original: Any, n: int) -> Tensor:
+        model = self.model
+        modules = self._modules
+        if modules is None:
+            modules = self._modules = list(model.modules())
+        modes = [m.training for m in modules]
+        # eval mode, flag by flag: restores mixed modes exactly and skips nn.Module.__setattr__
+        for m in modules:
+            object.__setattr__(m, "training", False)
+        try:
+            with torch.inference_mode():
+                losses = self.loss_impl.loss(model, transformed, original)
+        finally:
+            for m, mode in zip(modules, modes):
+                object.__setattr__(m, "training", mode)
+        if not isinstance(losses, Tensor):
+            raise LossImplementationNotProvidedException(
+                f"{type(self.loss_impl).__name__}.loss returned {type(losses).__name__}; it must "
+                f"return a tensor with one loss per sample (shape [{n}])"
+            )
+        if losses.shape != (n,):
+            if losses.ndim == 0:
+                fix = "use reduction='none' in the loss function"
+            elif losses.ndim == 1:
+                fix = "return one value per sample in batch order (were tokens flattened?)"
+            else:
+                fix = "reduce the extra dimensions per sample, e.g. .mean(dim=1) over tokens"
+            raise LossImplementationNotProvidedException(
+                f"{type(self.loss_impl).__name__}.loss returned shape {list(losses.shape)} for a "
+                f"batch of {n} samples; it must return one loss per sample (shape [{n}]): {fix}"
+            )
+        if not losses.is_floating_point():
+            raise LossImplementationNotProvidedException(
+                f"{type(self.loss_impl).__name__}.loss returned dtype {losses.dtype}; losses "
+                "must be floating point"
+            )
+        return losses
+
+    def _ready(self) -> int:
+        """Sifted batches that every rank can yield now."""
+        b = self._out_batch_size
+        if self._rank_fills is None or b is None:
+            return 0
+        return min(self._rank_fills) // b - self._sifted_out_this_epoch
+
+    def _emit(self, n: int, stage: dict[str, float]) -> Any:
+        t0 = time.perf_counter()
+        sb, ids, weights = self._buffer.pop(n)
+        t1 = time.perf_counter()
+        stage["accumulate"] += t1 - t0
+        out = self._transform.reverse_transform(sb)
+        stage["reverse_transform"] += time.perf_counter() - t1
+        self._sifted_out_this_epoch += 1
+        self.last_sample_ids, self.last_weights = ids, weights
+        self.stats.num_batches_out += 1
+        self.stats.num_samples_yielded += n
+        self._maybe_log()
+        return out
+
+    def _finish_epoch(self, stage: dict[str, float]) -> Iterator[Any]:
+        b = self._out_batch_size
+        fills = self._rank_fills
+        if fills is not None and b is not None:
+            done = self._sifted_out_this_epoch * b
+            lefts = [f - done for f in fills]
+            rounding = math.floor if self._drop_last else math.ceil
+            more = min(int(rounding(left / b)) for left in lefts)
+            for _ in range(more):
+                yield self._emit(min(b, self._buffer.count), stage)
+        dropped = self._buffer.count
+        if dropped:
+            self.stats.num_samples_dropped_at_epoch_end += dropped
+            self._buffer = KeptBuffer()
+        self._in_epoch = False
+
+    # ------------------------------------------------------------------ helpers
+
+    def _generator_for(self, device: torch.device) -> torch.Generator:
+        gen = self._generator
+        if gen is None:
+            gen = self._generator = torch.Generator(device=device)
+            gen.manual_seed(self._seed)
+            self._apply_generator_state(device)
+        elif gen.device.type != device.type:
+            raise ValueError(
+                f"the sifting generator is on {gen.device} but losses are on {device}; pass "
+                f"generator=torch.Generator(device='{device.type}') or a seed instead"
+            )
+        return gen
+
+    def _apply_generator_state(self, device: torch.device) -> None:
+        saved = self._pending_generator_state
+        if saved is None or self._generator is None:
+            return
+        self._pending_generator_state = None
+        if saved["device"] == device.type:
+            self._generator.set_state(saved["state"])
+        else:
+            warnings.warn(
+                f"the checkpoint's sifting generator ran on {saved['device']}, this run scores on "
+                f"{device.type}: the generator is re-seeded, so kept samples will differ from an "
+                "uninterrupted run",
+                stacklevel=4,
+            )
+
+    def _maybe_log(self) -> None:
+        every = self.log_interval
+        s = self.stats
+        if not every or s.num_batches_out % every or not logger.isEnabledFor(logging.INFO):
+            return
+        last_scored, last_stage = self._last_log
+        scored = s.num_batches_scored - last_scored
+        lat = {k: 1e3 * (v - last_stage[k]) / max(scored, 1) for k, v in s.stage_seconds.items()}
+        self._last_log = (s.num_batches_scored, dict(s.stage_seconds))
+        rate = s.keep_rate
+        logger.info(
+            "sifting step %d (epoch %d): num_orig_samples_seen=%d num_orig_samples_kept=%d "
+            "keep_rate=%s Batch size for next sifted batch=%d buffered=%d | latency ms/batch: %s",
+            s.num_batches_out,
+            self._epoch,
+            s.num_orig_samples_seen,
+            s.num_orig_samples_kept,
+            "n/a" if rate is None else f"{rate:.3f}",
+            self._out_batch_size or 0,
+            self._buffer.count,
+            " ".join(f"{k}={v:.3f}" for k, v in lat.items()),
+        )
+
+    def _log_batch(self, losses: Tensor, keep: Tensor) -> None:
+        values = losses.detach().float().cpu()  # host copy: log_batch_data is for pilot runs
+        mask = keep.cpu()
+        logger.info(
+            "sifting batch %d: kept losses %s; dropped losses %s",
+            self.stats.num_batches_in,
+            [round(v, 4) for v in values[mask].tolist()],
+            [round(v, 4) for v in values[~mask].tolist()],
+        )
+
+
+# --------------------------------------------------------------------------- module helpers
+
+
+def _check_model(model: Any) -> nn.Module:
+    if model is None:
+        raise LossImplementationNotProvidedException(
+            "SiftingDataloader needs the model to score samples: pass model=<your nn.Module>"
+        )
+    if not isinstance(model, nn.Module):
+        raise LossImplementationNotProvidedException(
+            f"model must be a torch.nn.Module, got {type(model).__name__}"
+        )
+    return model
+
+
+def _check_loss(loss_impl: Any) -> SupportsLoss:
+    if loss_impl is None:
+        raise LossImplementationNotProvidedException(
+            "SiftingDataloader needs loss_impl: a hasten.sifting.Loss subclass whose "
+            "loss(model, transformed_batch, original_batch) returns one loss per sample, or a "
+            "callable fn(model, batch) -> Tensor[batch_size]"
+        )
+    if isinstance(loss_impl, type):
+        raise LossImplementationNotProvidedException(
+            f"loss_impl is the class {loss_impl.__name__}; pass an instance: "
+            f"loss_impl={loss_impl.__name__}()"
+        )
+    if isinstance(loss_impl, nn.Module) and not callable(getattr(loss_impl, "loss", None)):
+        raise LossImplementationNotProvidedException(
+            f"loss_impl is a torch loss module ({type(loss_impl).__name__}), which takes "
+            "(prediction, target); sifting needs the model and the batch. Wrap it: "
+            "loss_impl=lambda model, batch: criterion(model(batch[0]), batch[1]) with "
+            "reduction='none'"
+        )
+    loss = as_loss(loss_impl)
+    if loss is None:
+        raise LossImplementationNotProvidedException(
+            f"loss_impl must implement loss(model, transformed_batch, original_batch) or be a "
+            f"callable fn(model, batch); got {type(loss_impl).__name__}"
+        )
+    return loss
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def _config_repr(config: Any) -> Any:
+    to_dict = getattr(config, "to_dict", None)
+    return to_dict() if callable(to_dict) else repr(config)

@@ -1,0 +1,81 @@
+"""Shared test data: samples whose loss and identity are planted in their features."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from hasten.sifting import RelativeProbabilisticSiftConfig
+
+
+def sift_config(beta: float = 1.0, history: int = 256, delay: int = 0, repeat: bool = False):
+    return RelativeProbabilisticSiftConfig(
+        beta_value=beta,
+        loss_history_length=history,
+        loss_based_sift_config={
+            "sift_config": {"sift_delay": delay, "repeat_delay_per_epoch": repeat}
+        },
+    )
+
+
+class PlantedDataset(Dataset):
+    """Sample i: x = [loss_i, i, noise...], label = i % 3. ``fmt`` picks the sample structure."""
+
+    def __init__(self, n: int, fmt: str = "tuple", features: int = 4, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.rand(n, features, generator=g)
+        self.x[:, 1] = torch.arange(n, dtype=torch.float32)
+        self.fmt = fmt
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def __getitem__(self, i: int) -> Any:
+        x, y = self.x[i], i % 3
+        if self.fmt == "tensor":
+            return x
+        if self.fmt == "tuple":
+            return x, y
+        if self.fmt == "dict":
+            return {"x": x, "labels": y}
+        if self.fmt == "nested":
+            return {
+                "inputs": (x, {"mask": torch.full((2,), float(i))}),
+                "labels": y,
+                "name": f"s{i}",
+                "task": "cls",
+            }
+        raise ValueError(self.fmt)
+
+
+def planted_x(batch: Any) -> torch.Tensor:
+    """The feature tensor of a batch of any of the formats above."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, dict) or hasattr(batch, "keys"):
+        if "inputs" in batch:
+            return batch["inputs"][0]
+        return batch["x"]
+    return batch[0]
+
+
+def planted_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """Loss = feature 0 (uniform in [0, 1)); runs the model so scoring really happens."""
+    x = planted_x(batch)
+    return x[:, 0] + 0.0 * model(x).sum(dim=1)
+
+
+def ids_of(batch: Any) -> list[int]:
+    return planted_x(batch)[:, 1].long().tolist()
+
+
+def tiny_model(features: int = 4) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(features, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def loader(n: int = 256, batch_size: int = 16, fmt: str = "tuple", **kw: Any) -> DataLoader:
+    return DataLoader(PlantedDataset(n, fmt), batch_size=batch_size, **kw)
