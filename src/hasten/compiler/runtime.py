@@ -130,6 +130,8 @@ class CompiledForward:
         self._pending.append((code, str(getattr(fail, "reason", fail)).strip()))
 
     def _flush_recompiles(self) -> None:
+        if not self._pending:  # the common case: every step after the first
+            return
         import torch._dynamo.config as dynamo_config
 
         pending, self._pending = self._pending, []

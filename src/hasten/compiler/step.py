@@ -2,13 +2,13 @@
 
 ``hasten.compile(model)`` compiles forward and backward; the optimizer update runs after them,
 once per step, over every parameter. Eagerly, PyTorch's default Adam/AdamW on CPU loops over the
-parameters in Python, a dozen elementwise kernels each, about as long as a tenth of a training step
-for a small transformer. ``compile_step`` makes that update one pass over memory:
+parameters in Python, a dozen elementwise kernels each: measured 6 % (GPT-2 small) to 40 % (MLP
+small) of a training step here. ``compile_step`` makes that update one pass over memory:
 
 * ``update="fused"``: switch the optimizer to its fused kernel (Adam, AdamW, SGD, Adagrad; CPU and
   GPU), one multi-tensor kernel already compiled into PyTorch;
 * ``update="inductor"``: compile ``optimizer.step`` with the hasten backend (any optimizer), with
-  the learning rate (and Adam's betas) held as tensors, so an LR scheduler changing them never
+  the learning rate held as a 0-dim tensor, so an LR scheduler changing it never
   recompiles;
 * ``update="auto"`` (the default): ``"fused"`` where the optimizer has a fused kernel for the
   parameters' device, ``"inductor"`` otherwise. Measured on the benchmark models (see
