@@ -120,7 +120,8 @@ class CompileReport:
             lines.append(f"    at {gb.location}" + (f":  {gb.source}" if gb.source else ""))
             lines.append(f"    fix: {gb.suggestion}")
         for rc in self.recompiles:
-            lines.append(f"  recompile of {rc.function}: guard failed: {rc.guard}")
+            guard = rc.guard.splitlines()[0] if rc.guard else "?"  # full text: rc.guard
+            lines.append(f"  recompile of {rc.function}: guard failed: {guard}")
         for g in self.graphs:
             top = ", ".join(f"{name} x{n}" for name, n in g.ops[:5])
             lines.append(f"  graph {g.index}: {g.nodes} nodes, {g.seconds:.1f} s  [{top}]")
