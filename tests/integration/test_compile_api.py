@@ -137,6 +137,7 @@ def test_recompile_guard_warns_with_the_failing_guard():
     msgs = [str(w.message) for w in caught if issubclass(w.category, RecompileWarning)]
     assert len(msgs) == 1, msgs
     assert "recompiled 2 times" in msgs[0] and "args[1] == " in msgs[0]
+    assert "hasten_forward_PythonCounter" in msgs[0]
     rep = hasten.compiler.compile_report(model)
     assert len(rep.recompiles) == 2
     assert all("args[1]" in r.guard for r in rep.recompiles)
@@ -212,3 +213,17 @@ def test_ddp_of_sequential_really_compiles(tmp_path):
         torch.testing.assert_close(out, _mlp()(x), rtol=RTOL, atol=ATOL)
     finally:
         dist.destroy_process_group()
+
+
+def test_many_compiled_models_in_one_process_do_not_share_a_recompile_budget():
+    torch._dynamo.reset()
+    x = torch.randn(3, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        models = [hasten.compile(_mlp()) for _ in range(10)]  # more than the limit of 8
+        for m in models:
+            m(x)
+    assert not [w for w in caught if issubclass(w.category, RecompileWarning)]
+    for m in models:
+        rep = hasten.compiler.compile_report(m)
+        assert rep.graph_count == 1 and not rep.recompiles

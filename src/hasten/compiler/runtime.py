@@ -20,6 +20,7 @@ One call of the compiled forward::
 from __future__ import annotations
 
 import time
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -77,7 +78,7 @@ class CompiledForward:
         self.name = type(module).__name__
         self.config = config
         self.record = record
-        self.eager = eager_forward(module, config, device_type)
+        self.eager = _own_code(eager_forward(module, config, device_type), self.name)
         self.backend = HastenBackend(config, record)
         self.failed = False
         self._pending: list[tuple[str, str]] = []
@@ -161,6 +162,18 @@ class CompiledForward:
                     RecompileWarning,
                     stacklevel=4,
                 )
+
+
+def _own_code(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+    """``fn`` with a code object of its own, named after the model.
+
+    TorchDynamo keeps compiled graphs, and counts recompiles against its limit (8), per code
+    object. Every hasten-compiled model runs the same ``hasten_forward`` code, so without this the
+    ninth model compiled in one process would hit the limit and silently run eagerly.
+    """
+    name = f"hasten_forward_{label}" if label.isidentifier() else "hasten_forward"
+    code = fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
 def _short(guard: str) -> str:
