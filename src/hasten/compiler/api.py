@@ -156,10 +156,12 @@ def explain(
     import warnings
 
     cfg = _config(config, {}).replace(fallback="eager")
-    _check_model(model)
-    probe = copy.deepcopy(model)
+    inner, note = unwrap_data_parallel(_check_model(model))  # a DDP wrapper does not deep-copy
+    probe = copy.deepcopy(inner)
     compile(probe, cfg)
     record = _RECORDS[probe]
+    if note:
+        record.fixes.insert(0, note)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # everything a warning would say goes into the report
         for _ in range(2):
