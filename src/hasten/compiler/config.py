@@ -88,9 +88,11 @@ class CompileConfig:
     (e.g. set Transformers' ``loss_type`` to the default it falls back to, so the warning it logs
     inside ``forward`` no longer breaks the graph). Each fix is reported by ``hasten.explain``."""
 
-    warn_recompiles: int = 2
-    """Warn, with the guard that failed, once a compiled forward has been recompiled this many
-    times (and again if torch's recompile limit makes it fall back to eager). ``0`` disables."""
+    warn_recompiles: int = 4
+    """Warn, with the guards that failed, once a compiled forward has been recompiled this many
+    times: half of torch's limit (8), after which Dynamo silently runs it eagerly; a warning also
+    comes when the limit is hit. ``0`` disables. (Switching train/eval or grad/no-grad recompiles
+    once or twice in a normal loop, which is why the default is not lower.)"""
 
     inductor_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     """Extra Inductor config (``torch._inductor.config`` names), scoped to this model's
