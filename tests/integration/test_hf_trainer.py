@@ -221,9 +221,8 @@ def test_resume_from_a_checkpoint_continues_the_sifted_stream(tmp_path):
 @pytest.mark.slow
 def test_trainer_with_sifting_and_a_compiled_model(tmp_path):
     pytest.importorskip("hasten.compiler")  # the compiler lands in its own branch
-    from hasten.compiler.api import compile_report
-
     import hasten
+    from hasten.compiler.api import compile_report
 
     def run(out, compiled):
         model = _model()
@@ -260,3 +259,15 @@ class LossRecordingTrainer(transformers.Trainer):
         loss = super().training_step(model, inputs, num_items_in_batch)
         self.losses.append(loss.item())
         return loss
+
+
+def test_accelerate_refuses_the_hasten_backend_name(tmp_path):
+    """Canary for the documented limitation: Accelerate (<= 1.15) accepts only its own backend
+    names. When this fails, `torch_compile_backend="hasten"` may work: update docs/integrations.md."""
+    pytest.importorskip("hasten.compiler")
+    import torch._dynamo
+
+    assert "hasten" in torch._dynamo.list_backends(exclude_tags=())  # Dynamo knows it
+    args = _args(tmp_path, max_steps=1, torch_compile=True, torch_compile_backend="hasten")
+    with pytest.raises(ValueError, match="DynamoBackend"):
+        transformers.Trainer(model=_model(), args=args, train_dataset=TokenDataset(8))
