@@ -147,9 +147,8 @@ def test_bad_use_is_named(tmp_path):
 @pytest.mark.slow
 def test_compiled_lightning_module_fits_with_sifting(tmp_path):
     pytest.importorskip("hasten.compiler")  # the compiler lands in its own branch
-    from hasten.compiler.api import compile_report
-
     import hasten
+    from hasten.compiler.api import compile_report
 
     def fit(compiled: bool) -> Module:
         torch.manual_seed(0)

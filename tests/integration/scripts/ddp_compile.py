@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 import torch._dynamo
 import torch.distributed as dist
-from hasten.compiler.api import compile_report
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hasten
+from hasten.compiler.api import compile_report
 
 STEPS = 4
 
