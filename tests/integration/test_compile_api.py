@@ -3,6 +3,7 @@ the backend by name, explain() on a planted graph break, the recompile guard."""
 
 from __future__ import annotations
 
+import copy
 import io
 import pickle
 import warnings
@@ -227,3 +228,49 @@ def test_many_compiled_models_in_one_process_do_not_share_a_recompile_budget():
     for m in models:
         rep = hasten.compiler.compile_report(m)
         assert rep.graph_count == 1 and not rep.recompiles
+
+
+def test_eval_under_no_grad_and_inference_mode_scoring_compile_their_own_graphs_quietly():
+    # The loop every user writes: train, evaluate under no_grad, score under inference_mode
+    # (what SiftingDataloader does), train again. Each call kind is a variant with its own
+    # graph: no recompile of the training graph, no warning, no fallback.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Dropout(0.0), nn.Linear(16, 4))
+    eager = copy.deepcopy(model)
+    hasten.compile(model, warn_recompiles=1)  # the most sensitive setting
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+
+    def train_step() -> None:
+        for m, opt in zip((model, eager), opts):
+            m.train()
+            opt.zero_grad()
+            nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            train_step()
+            for m in (model, eager):
+                m.eval()
+            with torch.no_grad():
+                torch.testing.assert_close(model(x), eager(x), rtol=RTOL, atol=ATOL)
+            with torch.inference_mode():
+                xi = torch.randn(6, 8)  # an inference tensor: another dispatch key set
+                out = model(xi)
+                torch.testing.assert_close(out, eager(xi), rtol=RTOL, atol=ATOL)
+            torch.testing.assert_close(model(x), eager(x), rtol=RTOL, atol=ATOL)  # eval + grad
+        train_step()
+    assert not [w for w in caught if "hasten" in str(w.message)], [str(w.message) for w in caught]
+    rep = hasten.compiler.compile_report(model)
+    assert rep.fallback is None and not rep.recompiles, str(rep)
+    assert sorted(g.variant for g in rep.graphs) == [
+        "eval_grad",
+        "eval_inference",
+        "eval_no_grad",
+        "train_grad",
+    ]
+    for a, b in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)

@@ -45,10 +45,19 @@ class HastenBackend:
         config: What to do (passes, mode, Inductor options, cache dir). Defaults to
             ``CompileConfig()``.
         record: Where to log graphs, pass statistics and compile time (a fresh one by default).
+        variant: A label the record keeps with every graph this backend compiles (e.g.
+            ``"eval_no_grad"``, see :class:`~hasten.compiler.runtime.CompiledForward`).
     """
 
-    def __init__(self, config: CompileConfig | None = None, record: CompileRecord | None = None):
+    def __init__(
+        self,
+        config: CompileConfig | None = None,
+        record: CompileRecord | None = None,
+        *,
+        variant: str = "",
+    ):
         self.__name__ = "hasten"  # how TorchDynamo names the backend in errors and logs
+        self.variant = variant
         self.config = config or CompileConfig()
         self.record = record if record is not None else CompileRecord()
         enabled = self.config.enabled_passes()
@@ -72,7 +81,7 @@ class HastenBackend:
         with _scoped(self.config):
             compiled = compile_fx(gm, example_inputs, config_patches=patches)
         seconds = time.perf_counter() - t0
-        self.record.add_graph(shape, seconds)
+        self.record.add_graph(shape, seconds, self.variant)
         with self.record.lock:
             self.record.backend_seconds += seconds
         return compiled
