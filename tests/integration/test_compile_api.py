@@ -274,3 +274,43 @@ def test_eval_under_no_grad_and_inference_mode_scoring_compile_their_own_graphs_
     ]
     for a, b in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
+
+
+def _logits_zero_fills(model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> int:
+    """How many logits-sized tensors the backward fills (the zero gradient of unused logits)."""
+    loss, logits = model(x, labels)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        loss.backward()
+    shape = list(logits.shape)
+    return sum(
+        1
+        for e in prof.events()
+        if e.name in ("aten::fill_", "aten::zero_", "aten::zeros")
+        and e.input_shapes
+        and e.input_shapes[0] == shape
+    )
+
+
+def test_loss_computed_from_returned_logits_gets_no_zero_gradient_for_them():
+    from tests.unit.compiler._pass_cases import TinyLM
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    x, labels = torch.randn(256, 8, generator=g), torch.randint(0, 4096, (256,), generator=g)
+    eager = TinyLM()
+    split, whole = copy.deepcopy(eager), copy.deepcopy(eager)
+    hasten.compile(split)
+    hasten.compile(whole, passes={"split_at_returned_logits": False})
+    assert _logits_zero_fills(whole, x, labels) >= 1  # the cost the split removes
+    assert _logits_zero_fills(split, x, labels) == 0
+    rep = hasten.compiler.compile_report(split)
+    assert rep.graph_count == 1 and rep.fallback is None
+    assert any(s.changes.get("graphs_split") for s in rep.pass_stats)
+    # the same values and gradients as eager, also when the logits are backpropagated too
+    for m in (eager, split):
+        m.zero_grad()
+        loss, logits = m(x, labels)
+        (loss + logits.square().mean()).backward()
+    torch.testing.assert_close(split(x, labels), eager(x, labels), rtol=RTOL, atol=ATOL)
+    for a, b in zip(split.parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=RTOL, atol=ATOL)
