@@ -206,7 +206,7 @@ def test_resume_from_a_checkpoint_continues_the_sifted_stream(tmp_path):
 
     full = run(tmp_path / "a")
     saved = torch.load(
-        tmp_path / "a" / "checkpoint-5" / "hasten_sifting_rank0.pt", weights_only=False
+        tmp_path / "a" / "checkpoint-5" / "hasten_sifting_rank0.pt", weights_only=True
     )
     assert saved["in_pass"] and saved["loader"]["buffer"]["count"] > 0  # kept rows in flight
     resumed = run(tmp_path / "a", resume=str(tmp_path / "a" / "checkpoint-5"))
@@ -271,3 +271,22 @@ def test_accelerate_refuses_the_hasten_backend_name(tmp_path):
     args = _args(tmp_path, max_steps=1, torch_compile=True, torch_compile_backend="hasten")
     with pytest.raises(ValueError, match="DynamoBackend"):
         transformers.Trainer(model=_model(), args=args, train_dataset=TokenDataset(8))
+
+
+def test_a_sifting_state_file_that_needs_pickle_is_refused_with_the_fix(tmp_path):
+    from hasten.integrations.transformers import _load_stream_state
+    from hasten.sifting import SiftingDataloader
+
+    sifted = SiftingDataloader(
+        _config(), [{"x": torch.ones(2, 3)}], model=torch.nn.Linear(3, 1), loss_impl=lambda m, b: b
+    )
+    stream = SiftedEpochs(sifted, epoch_length=1)
+    path = tmp_path / "hasten_sifting_rank0.pt"
+    torch.save({"loader": {"buffer": {"chunks": [PerSampleCrossEntropy()]}}}, path)  # an object
+    with pytest.raises(RuntimeError, match=r"weights_only=True.*delete"):
+        _load_stream_state(stream, str(path))
+    old = stream.state_dict()
+    old["loader"]["version"] = 1
+    torch.save(old, path)
+    with pytest.raises(ValueError, match=r"earlier hasten.*delete"):
+        _load_stream_state(stream, str(path))

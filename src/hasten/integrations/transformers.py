@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import warnings
 from typing import Any
 
@@ -137,9 +138,8 @@ def enable_sifting(
         else:
             stream = SiftedEpochs(sifted, max(1, expected_batches(sifted, 1, delay=False)))
         saved = getattr(trainer, _RESUME, None)
-        if saved is not None:  # hasten's own file in the user's checkpoint; it holds the
-            # buffered rows as sifting batch objects, which weights_only=True refuses
-            stream.load_state_dict(torch.load(saved, map_location="cpu", weights_only=False))
+        if saved is not None:  # hasten's own file in the user's checkpoint
+            _load_stream_state(stream, saved)
         return stream
 
     train = trainer.train
@@ -177,6 +177,23 @@ def enable_sifting(
     trainer.callback_handler.callbacks.insert(0, SiftingCallback())
     setattr(trainer, _MARK, True)
     return trainer
+
+
+def _load_stream_state(stream: SiftedEpochs, path: str) -> None:
+    """Restore ``stream`` from a state file :class:`SiftingCallback` wrote (plain data, so it
+    loads with ``weights_only=True``)."""
+    fresh = f"delete {path} to resume the checkpoint with a fresh sifted stream"
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise RuntimeError(
+            f"{path} does not load with torch.load(weights_only=True): an earlier hasten wrote "
+            f"sifting state holding Python objects, which this hasten does not read; {fresh}"
+        ) from err
+    try:
+        stream.load_state_dict(state)
+    except ValueError as err:
+        raise ValueError(f"cannot resume the sifted stream from {path}: {err}. Or {fresh}") from err
 
 
 class SiftingCallback(transformers.TrainerCallback):
