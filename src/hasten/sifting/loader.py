@@ -32,7 +32,7 @@ import logging
 import math
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -61,6 +61,7 @@ from hasten.sifting.exceptions import (
 )
 from hasten.sifting.history import LossHistory
 from hasten.sifting.loss import SupportsLoss, as_loss
+from hasten.sifting.padding import Padding
 from hasten.sifting.policy import SiftPolicy, policy_for
 from hasten.sifting.stats import STAGES, SiftingStats
 
@@ -101,6 +102,12 @@ class SiftingDataloader:
         batch_size: Size of yielded batches when the wrapped loader has no ``batch_size``
             (a custom ``batch_sampler``); default: the size of its first batch.
         log_interval: Log a progress line every this many yielded batches (``None`` or 0: never).
+        pad_values: For batches padded to their own longest sequence (dynamic padding): the
+            value to pad each field with when merged rows differ in length, by field name, e.g.
+            ``{"input_ids": tokenizer.pad_token_id}``. ``attention_mask``, ``token_type_ids``,
+            ``labels`` (-100) ... have defaults; ``input_ids`` never does. See
+            :mod:`hasten.sifting.padding`. Built-in codec only (a batch transform pads itself).
+        padding_side: Pad on the ``"right"`` (default) or ``"left"``, as the tokenizer does.
 
     Attributes:
         stats: A :class:`~hasten.sifting.stats.SiftingStats`, updated as batches go by.
@@ -128,6 +135,8 @@ class SiftingDataloader:
         device: torch.device | str | None = None,
         batch_size: int | None = None,
         log_interval: int | None = 100,
+        pad_values: Mapping[str | int, float | bool] | None = None,
+        padding_side: str = "right",
     ) -> None:
         self.sift_config = coerce_sift_config(sift_config)
         self.orig_dataloader = orig_dataloader
@@ -150,6 +159,12 @@ class SiftingDataloader:
                 f"batch_format_index must be a dimension index >= 0 (0: samples along the "
                 f"first dimension, 1: along the second) or None, got {batch_format_index!r}"
             )
+        if batch_transforms is not None and pad_values is not None:
+            raise ValueError(
+                "pad_values applies to the built-in batch codec; with batch_transforms, pad in "
+                "your SiftingBatch's concat() instead"
+            )
+        padding = Padding(pad_values, padding_side)
         if seed is not None and generator is not None:
             raise ValueError("pass either seed or generator, not both")
         for name, value in (("batch_size", batch_size), ("log_interval", log_interval)):
@@ -162,8 +177,9 @@ class SiftingDataloader:
         self.batch_transforms = batch_transforms
         self.log_batch_data = bool(log_batch_data)
         self.batch_format_index = batch_format_index
+        self._padding = padding
         self._transform: SiftingBatchTransform = batch_transforms or DefaultBatchTransform(
-            batch_format_index
+            batch_format_index, padding
         )
         self._default_codec = batch_transforms is None
         self._device = None if device is None else torch.device(device)
@@ -529,9 +545,9 @@ class SiftingDataloader:
         (transformed and original batch)."""
         non_blocking = device.type == "cuda"
         if self._default_codec:
-            sb: SiftingBatch = TreeBatch.from_batch(batch, self.batch_format_index).to(
-                device, non_blocking
-            )
+            sb: SiftingBatch = TreeBatch.from_batch(
+                batch, self.batch_format_index, self._padding
+            ).to(device, non_blocking)
             original = sb.to_batch()  # type: ignore[attr-defined]
             return sb, original, original
         original = move_to_device(batch, device, non_blocking)
