@@ -44,11 +44,20 @@ from hasten.sifting.exceptions import (
     SiftConfigValidationException,
     UnsupportedDataFormatException,
 )
+from hasten.sifting.feedback import SampleLosses
 from hasten.sifting.history import LossHistory, percentile_of
 from hasten.sifting.loader import SiftingDataloader
 from hasten.sifting.loss import CallableLoss, Loss, PerSampleCrossEntropy
 from hasten.sifting.policy import Selection, policy_for, relative_probabilistic_select
+from hasten.sifting.pruning import PruningSampler, PruningStats
+from hasten.sifting.pruning_config import (
+    StaleRelativePruningConfig,
+    UnbiasedPruningConfig,
+    coerce_pruning_config,
+)
+from hasten.sifting.scoring import Scorer, scoring_mode
 from hasten.sifting.stats import SiftingStats
+from hasten.sifting.unbiased import loss_threshold, unbiased_select
 
 __all__ = [
     "CallableLoss",
@@ -59,7 +68,11 @@ __all__ = [
     "LossHistory",
     "LossImplementationNotProvidedException",
     "PerSampleCrossEntropy",
+    "PruningSampler",
+    "PruningStats",
     "RelativeProbabilisticSiftConfig",
+    "SampleLosses",
+    "Scorer",
     "Selection",
     "SiftConfigValidationException",
     "SiftingBaseConfig",
@@ -67,15 +80,21 @@ __all__ = [
     "SiftingBatchTransform",
     "SiftingDataloader",
     "SiftingStats",
+    "StaleRelativePruningConfig",
     "TensorBatch",
     "TreeBatch",
+    "UnbiasedPruningConfig",
     "UnsupportedDataFormatException",
     "batch_size_of",
+    "coerce_pruning_config",
     "coerce_sift_config",
     "concat_batches",
+    "loss_threshold",
     "percentile_of",
     "policy_for",
     "relative_probabilistic_select",
+    "scoring_mode",
     "select_rows",
     "split_batch",
+    "unbiased_select",
 ]
