@@ -323,6 +323,27 @@ class PruningSampler(Sampler[int]):
         return None if self._plan is None else self._plan.epoch
 
     @property
+    def progress(self) -> float:
+        """How far the run is, in epochs: ``(epoch + share of this epoch fed back) / num_epochs``.
+
+        Drives a learning-rate schedule that ends with the run however short the pruned epochs
+        are: ``LambdaLR(opt, lambda _: my_schedule(sampler.progress))``, stepped every step.
+
+        Raises:
+            ValueError: when the sampler was built without ``num_epochs``.
+        """
+        if self.num_epochs is None:
+            raise ValueError(
+                "progress needs the run's length: build PruningSampler(..., num_epochs=<epochs>)"
+            )
+        plan = self._plan
+        if plan is None or not plan.started:
+            done = 0.0 if plan is None else float(plan.epoch)
+        else:
+            done = plan.epoch + min(1.0, plan.cursor / max(1, len(plan.order)))
+        return min(1.0, done / self.num_epochs)
+
+    @property
     def pruning(self) -> bool:
         """Whether the current epoch prunes (``False`` in the final full-data epochs)."""
         return self._plan is not None and self._plan.pruning
