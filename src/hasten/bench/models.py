@@ -260,6 +260,9 @@ def _gpt2(size: str) -> ModelSpec:
             n_head=s["heads"],
             vocab_size=s["vocab"],
             n_positions=max(s["seq"], 64),
+            # GPT-2's special token (50256) must exist in the smaller vocabularies too.
+            bos_token_id=min(50256, s["vocab"] - 1),
+            eos_token_id=min(50256, s["vocab"] - 1),
         )
         return transformers.GPT2LMHeadModel(cfg)
 

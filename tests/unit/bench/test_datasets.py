@@ -30,3 +30,28 @@ def test_mnist1d_is_generated_and_leaves_global_rngs_alone():
 def test_unknown_dataset():
     with pytest.raises(ValueError, match="choose one of"):
         load_dataset("imagenet")
+
+
+def test_text_set_ships_in_a_package_and_is_split_without_leaks():
+    d = load_dataset("text")  # alias of bbc_news
+    assert d.name == "bbc_news" and d.num_classes == 5
+    assert d.x_train.dtype == torch.int64 and d.x_train.shape[1] == 256
+    assert len(d.y_train) + len(d.y_test) == 2116  # 2,225 articles less 109 repeats
+    assert d.vocab[:2] == ("<pad>", "<unk>")
+    assert int(d.x_train.max()) < len(d.vocab)
+    assert set(d.y_test.tolist()) == set(range(5))
+    # no test document appears in the training split
+    train_rows = {tuple(r) for r in d.x_train.tolist()}
+    assert not any(tuple(r) in train_rows for r in d.x_test.tolist())
+    assert load_dataset("bbc_news") is d  # cached per process
+
+
+def test_tokenize_vocab_and_encode():
+    from hasten.bench.datasets import build_vocab, encode, tokenize
+
+    assert tokenize("Don't STOP, 2 go!") == ["don't", "stop", "2", "go"]
+    docs = [["a", "b", "a"], ["b", "c"], ["a"]]
+    vocab = build_vocab(docs, max_size=4, min_count=2)
+    assert vocab == ("<pad>", "<unk>", "a", "b")  # c seen once: dropped; a before b (count)
+    ids = encode([["a", "c", "b"], []], vocab, max_tokens=2)
+    assert ids.tolist() == [[2, 1], [0, 0]]

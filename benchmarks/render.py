@@ -1,0 +1,83 @@
+"""Fill BENCHMARKS.md's tables from the recorded result files (never by hand).
+
+    python benchmarks/render.py          # rewrite the blocks in place
+    python benchmarks/render.py --check  # exit 1 if BENCHMARKS.md is out of date
+
+A block sits between `<!-- BEGIN name -->` and `<!-- END name -->`; `name` is a result file in
+benchmarks/results/ (without `.json`, or `demo` for results/demo/demo.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from hasten.bench.report import compile_table, demo_table, machine_line, sift_table
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+DOC = HERE / "BENCHMARKS.md"
+_CONFIG = {"compile-cpu-small": "compile-cpu", "compile-gpu-base": "compile-gpu"}
+BLOCK = re.compile(
+    r"(<!-- BEGIN (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- END (?P=name) -->)", re.S
+)
+
+
+def _source(path: Path) -> str:
+    return f"_Source: `{path.relative_to(HERE)}`._"
+
+
+def render_block(name: str) -> str:
+    path = RESULTS / "demo" / "demo.json" if name == "demo" else RESULTS / f"{name}.json"
+    if not path.exists():
+        return f"_Not recorded yet: `python benchmarks/record.py {_CONFIG.get(name, name)}`._\n"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    kind = data.get("kind")
+    parts: list[str] = []
+    if kind == "hasten.bench.compile":
+        png = path.with_suffix(".png")
+        if png.exists():
+            parts.append(f"![speedup over eager fp32]({png.relative_to(HERE)})\n")
+        for result in data["results"]:
+            flops = result["flops_per_step"]
+            parts.append(f"**{result['name']}** ({flops:.3g} model FLOPs per step)\n")
+            parts.append(compile_table(result, markdown=True) + "\n")
+        machine = data["results"][0]["machine"] if data["results"] else None
+    elif kind == "hasten.bench.sift":
+        parts.append(sift_table(data, markdown=True) + "\n")
+        png = path.with_suffix(".png")
+        if png.exists():
+            parts.append(f"![test accuracy against compute]({png.relative_to(HERE)})\n")
+        machine = data["machine"]
+    elif kind == "hasten.demo":
+        parts.append(demo_table(data, markdown=True) + "\n")
+        parts.append("![test accuracy against training seconds](results/demo/demo.png)\n")
+        machine = data["machine"]
+    else:
+        raise ValueError(f"{path}: unknown result kind {kind!r}")
+    if machine:
+        parts.append(f"_Machine: {machine_line(machine)}._ {_source(path)}\n")
+    return "\n".join(parts)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check", action="store_true", help="fail if the file is out of date")
+    args = parser.parse_args()
+    text = DOC.read_text(encoding="utf-8")
+    new = BLOCK.sub(lambda m: m.group(1) + render_block(m.group("name")) + m.group(4), text)
+    if args.check:
+        if new != text:
+            print("BENCHMARKS.md is out of date: run python benchmarks/render.py", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(new, encoding="utf-8")
+    print(f"rendered {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""``hasten demo``: the same model trained four ways to the same target accuracy.
+
+=================  ======================================================================
+run                what changes
+=================  ======================================================================
+eager              nothing: plain PyTorch, the reference
+hasten.compile     ``model = hasten.compile(model)``
+sifting            ``loader = SiftingDataloader(...)`` with SageMaker's rule
+compile + sifting  both switches
+=================  ======================================================================
+
+Every run starts from the same initial weights and sees the data in the same order; each is
+evaluated on the test set a few times per epoch (the clock is paused while it is) and stops when
+the target accuracy is reached. The four runs are interleaved, one evaluation interval at a time,
+so a change in machine load hits them alike. Compilation is timed apart: a compiled model first makes every
+kind of call training will make, then its weights are put back, and only then does the clock
+start (see :func:`hasten.bench.training.train_run`); the table shows both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Generator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hasten.bench import _hasten_api
+from hasten.bench.machine import machine_stamp, torch_threads
+from hasten.bench.sift_experiment import SageMakerSift
+from hasten.bench.tasks import TASK_NAMES, get_task
+from hasten.bench.training import FullData, Policy, RunRecord, run_interleaved, train_iter
+
+__all__ = ["QUICK", "VARIANTS", "DemoConfig", "plot_demo", "run_demo", "save_json"]
+
+VARIANTS: tuple[str, ...] = ("eager", "hasten.compile", "sifting", "compile + sifting")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig:
+    """What the demo trains.
+
+    Attributes:
+        task: Task name (:data:`hasten.bench.tasks.TASK_NAMES`).
+        target: Test accuracy every run trains to.
+        epochs: Most epochs a run may take (``None``: the task's budget); also the length of the
+            learning-rate schedule.
+        evals_per_epoch: Test evaluations per epoch (curve points; target checks).
+        beta: SageMaker rule's ``beta_value`` for the sifting runs.
+        sift_delay_fraction: Sifting starts after this fraction of one full run's steps.
+        precision: ``hasten.compile`` precision ("fp32" or "bf16").
+        seed: Initial weights and data order, shared by all four runs.
+        device: Where to train.
+        threads: torch CPU threads during the runs (``None``: torch's setting), restored after.
+    """
+
+    task: str = "mnist1d"
+    target: float = 0.92
+    epochs: int | None = None
+    evals_per_epoch: int = 2
+    beta: float = 1.0
+    sift_delay_fraction: float = 0.1
+    precision: str = "fp32"
+    seed: int = 0
+    device: str = "cpu"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
+        if self.task not in TASK_NAMES:
+            raise ValueError(f"unknown task {self.task!r}; choose from {', '.join(TASK_NAMES)}")
+        if not 0.0 < self.target <= 1.0:
+            raise ValueError(f"target is a test accuracy in (0, 1], got {self.target}")
+        if self.evals_per_epoch < 1:
+            raise ValueError(f"evals_per_epoch must be >= 1, got {self.evals_per_epoch}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+
+
+QUICK = DemoConfig(task="digits", target=0.80, epochs=3, evals_per_epoch=2)
+"""A seconds-long configuration for tests and smoke runs."""
+
+
+def _variant(name: str, config: DemoConfig, full_steps: int) -> tuple[Any, Policy] | str:
+    """``(prepare_model, policy)`` of a variant, or why it cannot run here."""
+    compiled = "compile" in name
+    sifted = "sifting" in name
+    if compiled and (reason := _hasten_api.compiler_unavailable()):
+        return reason
+    if sifted and (reason := _hasten_api.sifting_unavailable()):
+        return reason
+    prepare = None
+    if compiled:
+
+        def prepare(m: Any) -> Any:
+            return _hasten_api.hasten_compile(m, precision=config.precision)
+
+    delay = max(0, round(config.sift_delay_fraction * full_steps))
+    policy: Policy = SageMakerSift(config.beta, 500, delay) if sifted else FullData()
+    return prepare, policy
+
+
+def run_demo(
+    config: DemoConfig,
+    *,
+    variants: tuple[str, ...] = VARIANTS,
+    on_eval: Callable[[str, dict[str, float]], None] | None = None,
+) -> dict[str, Any]:
+    """Train the variants and return a JSON-ready result (rows, curves, machine).
+
+    A variant whose switch is not available in this build is reported as skipped with the
+    reason, never silently dropped.
+
+    Raises:
+        ValueError: for an unknown variant name.
+    """
+    for v in variants:
+        if v not in VARIANTS:
+            raise ValueError(f"unknown demo variant {v!r}; choose from {', '.join(VARIANTS)}")
+    task = get_task(config.task)
+    if config.epochs is not None:
+        task = task.with_(epochs=config.epochs)
+    data = task.data()
+    full_steps = task.epochs * -(-len(data.y_train) // task.batch_size)
+    rows: dict[str, dict[str, Any]] = {}
+    records: dict[str, RunRecord] = {}
+    with torch_threads(config.threads):
+        stamp = machine_stamp()
+        running: dict[str, Generator[dict[str, float], None, RunRecord]] = {}
+        for name in variants:
+            spec = _variant(name, config, full_steps)
+            if isinstance(spec, str):
+                rows[name] = {"run": name, "skipped": spec}
+                continue
+            prepare, policy = spec
+            running[name] = train_iter(
+                task,
+                policy,
+                config.seed,
+                data=data,
+                device=config.device,
+                prepare_model=prepare,
+                evals_per_epoch=config.evals_per_epoch,
+                target=config.target,
+            )
+        # Interleaved, so a change in machine load hits every run alike. The first resume of a
+        # compiled run compiles; that is timed apart.
+        records = run_interleaved(running, on_eval)
+    for name in variants:
+        rec = records.get(name)
+        if rec is None:
+            continue
+        rows[name] = {
+            "run": name,
+            "time_to_target_s": rec.reached_target_s,
+            "compile_s": rec.compile_s,
+            "train_s": rec.wall_s,
+            "final_test_acc": rec.test_acc,
+            "samples_backprop": rec.samples_backprop,
+            "samples_scored": rec.samples_scored,
+            "compute": rec.compute,
+        }
+    rows_list = [rows[name] for name in variants]
+    base = records.get("eager")
+    for row in rows_list:
+        rec = records.get(row["run"])
+        ok = rec and base and rec.reached_target_s and base.reached_target_s
+        row["speedup"] = base.reached_target_s / rec.reached_target_s if ok else None  # type: ignore[union-attr,operator]
+        total = (rec.reached_target_s or 0) + (rec.compile_s or 0) if rec else None
+        row["time_to_target_incl_compile_s"] = total if rec and rec.reached_target_s else None
+    return {
+        "kind": "hasten.demo",
+        "config": asdict(config),
+        "task": {"name": task.name, "epochs": task.epochs, "batch_size": task.batch_size},
+        "dataset": {"name": data.name, "source": data.source, "n_train": len(data.y_train)},
+        "rows": rows_list,
+        "runs": {k: records[k].to_dict() for k in variants if k in records},
+        "machine": stamp,
+    }
+
+
+def plot_demo(result: dict[str, Any], path: str | Path) -> Path:
+    """Write test accuracy against training seconds for each run as a PNG (matplotlib, Agg)."""
+    from hasten.bench._optional import require
+
+    matplotlib = require("matplotlib")
+    matplotlib.use("Agg", force=False)
+    plt = require("matplotlib.pyplot")
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    for name, run in result["runs"].items():
+        xs = [p["wall_s"] for p in run["curve"]]
+        ys = [100 * p["test_acc"] for p in run["curve"]]
+        label = name
+        if run.get("compile_s"):
+            label += f" (+{run['compile_s']:.0f} s compile, not on this axis)"
+        ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    target = 100 * result["config"]["target"]
+    ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.0f}%")
+    ax.set_xlim(left=0)
+    ax.set_xlabel("training seconds (evaluation excluded)")
+    ax.set_ylabel("test accuracy (%)")
+    ds = result["dataset"]["name"]
+    cpu = result["machine"]["cpu"]
+    ax.set_title(f"hasten demo: {ds}, {cpu['usable_cores']} cores of {cpu['model']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def save_json(result: dict[str, Any], path: str | Path) -> Path:
+    """Write a result dict as indented JSON (parents created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    return path

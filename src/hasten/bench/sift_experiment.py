@@ -1,0 +1,324 @@
+"""Does sifting beat simply training less? The data-efficiency experiment behind ``hasten bench sift``.
+
+On the same data, from the same seeds (same initial weights, same shuffles), for every task::
+
+    full          all data for the task's epoch budget                       (the reference)
+    <policy>      e.g. sift-b0.5, sift-b1: SageMaker's relative rule          (what we sell)
+    matched:<p>   all data, cut to the compute <policy> used, with a learning-rate
+                  schedule fitted to that shorter run                         (the honest bar)
+
+Compute counts forward = 1 and backward = 2 per sample, scoring forwards included: a sifted run
+costs 3 × samples backpropagated + 1 × samples scored. Results are paired by seed: differences
+are taken seed by seed and quoted as mean ± standard error.
+
+Policies are pluggable: a *policy family* turns the experiment config into policies (see
+:func:`register_policy_family`); ``"sagemaker"`` (SageMaker's rule through
+``hasten.SiftingDataloader``) ships here, later policies register themselves the same way.
+
+Example::
+
+    from hasten.bench.sift_experiment import SiftExperimentConfig, run_sift_experiment
+
+    result = run_sift_experiment(SiftExperimentConfig(tasks=("digits",), seeds=3))
+    for row in result["summary"]["digits"]["rows"]:
+        print(row["run"], row["test_acc"]["mean"], row["compute_vs_full"]["mean"])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hasten.bench import _hasten_api
+from hasten.bench.machine import machine_stamp, torch_threads
+from hasten.bench.stats import mean_std
+from hasten.bench.tasks import TASK_NAMES, Task, get_task
+from hasten.bench.training import (
+    Batch,
+    FullData,
+    Policy,
+    PolicyContext,
+    RunRecord,
+    forward_flops_per_sample,
+    run_interleaved,
+    train_iter,
+)
+
+__all__ = [
+    "POLICY_FAMILIES",
+    "SageMakerSift",
+    "SiftExperimentConfig",
+    "register_policy_family",
+    "run_sift_experiment",
+    "summarize_runs",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiftExperimentConfig:
+    """What the experiment runs.
+
+    Attributes:
+        tasks: Task names (see :mod:`hasten.bench.tasks`); ``"text"`` is BBC News.
+        seeds: Number of seeds (paired runs) per task; ≥ 10 resolves effects of a few tenths
+            of a point.
+        first_seed: First seed; seeds are ``first_seed .. first_seed + seeds - 1``.
+        families: Policy families to compare with full data (see :data:`POLICY_FAMILIES`).
+        betas: ``beta_value`` of SageMaker's rule: keep probability ``percentile ** beta``.
+        loss_history_length: Losses the sifting percentile is computed over.
+        sift_delay_fraction: Sifting starts after this fraction of the full run's steps.
+        compute_matched: Also run full data cut to each policy's compute.
+        epochs: Override every task's epoch budget (``None``: the task's own).
+        device: Where to train.
+        threads: torch CPU threads during the runs (``None``: torch's setting), restored after.
+    """
+
+    tasks: tuple[str, ...] = ("digits", "mnist1d", "text")
+    seeds: int = 5
+    first_seed: int = 0
+    families: tuple[str, ...] = ("sagemaker",)
+    betas: tuple[float, ...] = (0.5, 1.0)
+    loss_history_length: int = 500
+    sift_delay_fraction: float = 0.1
+    compute_matched: bool = True
+    epochs: int | None = None
+    device: str = "cpu"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
+        for name in self.tasks:
+            if name not in TASK_NAMES:
+                raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)}")
+        if not self.tasks:
+            raise ValueError("SiftExperimentConfig.tasks is empty; name at least one task")
+        if self.seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+        for fam in self.families:
+            if fam not in POLICY_FAMILIES:
+                raise ValueError(
+                    f"unknown policy family {fam!r}; choose from {', '.join(POLICY_FAMILIES)}"
+                )
+        for beta in self.betas:
+            if not (isinstance(beta, (int, float)) and beta > 0 and math.isfinite(beta)):
+                raise ValueError(f"beta must be a positive number, got {beta!r}")
+        if self.loss_history_length < 1:
+            raise ValueError(f"loss_history_length must be >= 1, got {self.loss_history_length}")
+        if not 0.0 <= self.sift_delay_fraction < 1.0:
+            raise ValueError(
+                f"sift_delay_fraction must be in [0, 1), got {self.sift_delay_fraction}"
+            )
+        if self.epochs is not None and self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1 or None, got {self.epochs}")
+
+
+# --------------------------------------------------------------------------- SageMaker's rule
+
+
+class _SiftRun:
+    def __init__(self, sifted: Iterable[Batch]) -> None:
+        self.sifted = sifted
+
+    def batches(self, loader: Any, epoch: int) -> Iterable[Batch]:
+        return self.sifted
+
+    def loss(self, losses: Any, batch: Batch) -> Any:
+        return losses.mean()
+
+    def epoch_reads(self, epoch: int, dataset_size: int) -> int:
+        return dataset_size
+
+
+@dataclass(frozen=True)
+class SageMakerSift:
+    """SageMaker's relative probabilistic rule through ``hasten.SiftingDataloader``.
+
+    Every incoming batch is scored by an extra forward; a sample at percentile p of the recent
+    losses is kept with probability ``p ** beta``; kept samples refill full batches.
+    """
+
+    beta: float
+    loss_history_length: int = 500
+    sift_delay: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"sift-b{self.beta:g}"
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": "sagemaker", **asdict(self)}
+
+    def start(self, ctx: PolicyContext) -> _SiftRun:
+        sifted = _hasten_api.sifting_loader(
+            ctx.make_loader(None),
+            ctx.model,
+            ctx.loss_fn,
+            beta=self.beta,
+            loss_history_length=self.loss_history_length,
+            sift_delay=self.sift_delay,
+            seed=ctx.seed,
+            on_scored=ctx.count_scored,
+        )
+        return _SiftRun(sifted)
+
+
+def _sagemaker_family(config: SiftExperimentConfig, full_steps: int) -> list[Policy]:
+    reason = _hasten_api.sifting_unavailable()
+    if reason:
+        raise RuntimeError(f"policy family 'sagemaker' needs hasten.sifting: {reason}")
+    delay = math.ceil(config.sift_delay_fraction * full_steps)
+    return [SageMakerSift(b, config.loss_history_length, delay) for b in config.betas]
+
+
+def _full_only(config: SiftExperimentConfig, full_steps: int) -> list[Policy]:
+    return []
+
+
+PolicyFamily = Callable[[SiftExperimentConfig, int], list[Policy]]
+POLICY_FAMILIES: dict[str, PolicyFamily] = {"sagemaker": _sagemaker_family, "none": _full_only}
+
+
+def register_policy_family(name: str, family: PolicyFamily) -> None:
+    """Make ``family`` selectable as ``SiftExperimentConfig(families=(name, ...))``.
+
+    Args:
+        name: The family's name (``--policies`` on the command line).
+        family: ``(config, full_run_steps) -> [Policy, ...]``.
+
+    Raises:
+        ValueError: if ``name`` is taken.
+    """
+    if name in POLICY_FAMILIES:
+        raise ValueError(f"policy family {name!r} is already registered")
+    POLICY_FAMILIES[name] = family
+
+
+# --------------------------------------------------------------------------- runner
+
+
+@dataclass
+class _Progress:
+    callback: Callable[[str, RunRecord], None] | None = None
+    runs: list[RunRecord] = field(default_factory=list)
+
+    def add(self, label: str, rec: RunRecord) -> None:
+        self.runs.append(rec)
+        if self.callback:
+            self.callback(label, rec)
+
+
+def run_sift_experiment(
+    config: SiftExperimentConfig,
+    *,
+    on_run: Callable[[str, RunRecord], None] | None = None,
+    tasks: dict[str, Task] | None = None,
+) -> dict[str, Any]:
+    """Run the experiment; return a JSON-ready dict with every run, the summary and the machine.
+
+    Args:
+        config: What to run.
+        on_run: Called after each run with a label and its record (progress display).
+        tasks: Task objects to use instead of the named ones (tests use tiny budgets).
+
+    Raises:
+        RuntimeError: when a policy family cannot run here (for example hasten.sifting missing).
+    """
+    progress = _Progress(on_run)
+    with torch_threads(config.threads):
+        stamp = machine_stamp()
+        _run_all(config, progress, tasks or {})
+    return {
+        "kind": "hasten.bench.sift",
+        "config": asdict(config),
+        "compute_convention": "forward=1, backward=2 per sample; scoring forwards included",
+        "runs": [r.to_dict() for r in progress.runs],
+        "summary": summarize_runs(progress.runs),
+        "machine": stamp,
+    }
+
+
+def _run_all(config: SiftExperimentConfig, progress: _Progress, tasks: dict[str, Task]) -> None:
+    for task_name in config.tasks:
+        task = tasks.get(task_name) or get_task(task_name)
+        if config.epochs is not None:
+            task = task.with_(epochs=config.epochs)
+        data = task.data()
+        full_steps = task.epochs * math.ceil(len(data.y_train) / task.batch_size)
+        policies = [p for fam in config.families for p in POLICY_FAMILIES[fam](config, full_steps)]
+        probe = task.build_model(0, data)
+        flops = forward_flops_per_sample(probe, data.x_test[: task.batch_size])
+        common = {
+            "data": data,
+            "device": config.device,
+            "flops_per_sample": flops,
+            "evals_per_epoch": 1,  # yields once per epoch: the interleaving granularity
+        }
+        for seed in range(config.first_seed, config.first_seed + config.seeds):
+            # Runs of one seed are interleaved (one epoch at a time) so machine drift hits them
+            # alike; the compute-matched runs need the sifted runs' compute, so they come second.
+            first = {"full": train_iter(task, FullData(), seed, **common)}
+            first.update({p.name: train_iter(task, p, seed, **common) for p in policies})
+            done = run_interleaved(first)
+            progress.add(task.name, done["full"])
+            matched_runs = {}
+            for policy in policies:
+                progress.add(task.name, done[policy.name])
+                if config.compute_matched:
+                    budget = math.ceil(done[policy.name].compute / 3)
+                    matched_runs[policy.name] = train_iter(
+                        task, FullData(), seed, budget=budget, **common
+                    )
+            for name, rec in run_interleaved(matched_runs).items():
+                rec.policy = f"matched:{name}"
+                progress.add(task.name, rec)
+
+
+def summarize_runs(runs: list[RunRecord]) -> dict[str, Any]:
+    """Per task and run kind: accuracy mean ± std (± sem), compute relative to full data and the
+    paired accuracy differences (vs full data, and a policy vs its compute-matched baseline)."""
+    out: dict[str, Any] = {}
+    for task in dict.fromkeys(r.task for r in runs):
+        by_kind: dict[str, dict[int, RunRecord]] = {}
+        for r in runs:
+            if r.task == task:
+                by_kind.setdefault(r.policy, {})[r.seed] = r
+        full = by_kind.get("full", {})
+        rows = []
+        for kind, recs in by_kind.items():
+            seeds = sorted(recs)
+            row: dict[str, Any] = {
+                "run": kind,
+                "seeds": seeds,
+                "test_acc": mean_std([recs[s].test_acc for s in seeds]).to_dict(),
+                "samples_backprop": mean_std([recs[s].samples_backprop for s in seeds]).to_dict(),
+                "samples_scored": mean_std([recs[s].samples_scored for s in seeds]).to_dict(),
+                "samples_forwarded": mean_std(
+                    [recs[s].samples_backprop + recs[s].samples_scored for s in seeds]
+                ).to_dict(),
+                "compute": mean_std([recs[s].compute for s in seeds]).to_dict(),
+                "flops": mean_std([recs[s].flops for s in seeds]).to_dict(),
+                "wall_s": mean_std([recs[s].wall_s for s in seeds]).to_dict(),
+            }
+            paired = [s for s in seeds if s in full]
+            if paired and kind != "full":
+                row["compute_vs_full"] = mean_std(
+                    [recs[s].compute / full[s].compute for s in paired]
+                ).to_dict()
+                row["acc_minus_full"] = mean_std(
+                    [recs[s].test_acc - full[s].test_acc for s in paired]
+                ).to_dict()
+                row["wall_vs_full"] = mean_std(
+                    [recs[s].wall_s / full[s].wall_s for s in paired]
+                ).to_dict()
+            matched = by_kind.get(f"matched:{kind}", {})
+            both = [s for s in seeds if s in matched]
+            if both:
+                row["acc_minus_matched"] = mean_std(
+                    [recs[s].test_acc - matched[s].test_acc for s in both]
+                ).to_dict()
+            rows.append(row)
+        out[task] = {"rows": rows}
+    return out

@@ -1,0 +1,485 @@
+"""One training loop for every data-efficiency run, with exact compute accounting.
+
+The loop, with the hook points a :class:`Policy` owns::
+
+    model = task.build_model(seed) [-> prepare_model(model), e.g. hasten.compile]
+    run = policy.start(ctx)                      # ctx: model, dataset, loader factory, seed, ...
+    for epoch in range(task.epochs):             # or until a sample budget is spent
+        for batch in run.batches(loader, epoch): # policy: full data, sifted, pruned, ...
+            losses = per_sample_loss(model, batch)          # forward (1 unit per sample)
+            run.loss(losses, batch).backward()              # policy: mean, reweighted ...
+            optimizer.step()                                # backward (2 units per sample)
+            [every 1/evals_per_epoch epoch (and once before training): test accuracy,
+             clock paused; stop at the first evaluation during training that reaches target]
+    compute = 3 * samples backpropagated + samples scored by the policy's extra forwards
+
+Batches are ``(inputs, labels, indices)``: indices let a policy attribute losses to samples.
+The learning rate follows linear warm-up then cosine decay over the run's *progress*: the fraction
+of the planned passes over the data read so far, or, for a run with a sample budget, the fraction
+of the budget spent — so a shortened run gets a schedule fitted to its own length.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from hasten.bench.datasets import SplitData
+from hasten.bench.harness import count_flops, synchronize
+from hasten.bench.tasks import Task, lr_at
+
+__all__ = [
+    "Batch",
+    "FullData",
+    "IndexedDataset",
+    "Policy",
+    "PolicyContext",
+    "PolicyRun",
+    "RunRecord",
+    "evaluate",
+    "forward_flops_per_sample",
+    "per_sample_loss",
+    "run_interleaved",
+    "train_iter",
+    "train_run",
+]
+
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class IndexedDataset(Dataset[Batch]):
+    """``(x, y)`` tensors served as whole ``(x, y, index)`` batches, counting rows read.
+
+    ``__getitems__`` lets a DataLoader fetch a batch with one tensor gather (no per-sample
+    Python); pair it with ``collate_fn=as_batch``.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        if len(x) != len(y):
+            raise ValueError(f"inputs and labels differ in length: {len(x)} vs {len(y)}")
+        self.x, self.y = x, y
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> Batch:
+        self.reads += 1
+        return self.x[i], self.y[i], torch.tensor(i)
+
+    def __getitems__(self, indices: list[int]) -> Batch:
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        self.reads += len(indices)
+        return self.x[idx], self.y[idx], idx
+
+
+def as_batch(batch: Batch) -> Batch:
+    """Collate function for :class:`IndexedDataset`: the batch is already assembled."""
+    return batch
+
+
+@dataclass
+class PolicyContext:
+    """What a policy may use to set itself up for one run."""
+
+    model: nn.Module
+    dataset: IndexedDataset
+    batch_size: int
+    epochs: int
+    seed: int
+    device: torch.device
+    loss_fn: Callable[[nn.Module, Batch], torch.Tensor]
+    make_loader: Callable[[Sampler[int] | None], DataLoader]
+    count_scored: Callable[[int], None]
+
+
+class PolicyRun(Protocol):
+    """A policy's state during one run."""
+
+    def batches(self, loader: DataLoader, epoch: int) -> Iterable[Batch]:
+        """The batches to train on in ``epoch`` (the loader yields the full data, shuffled)."""
+        ...
+
+    def loss(self, losses: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The scalar to backpropagate from the step's per-sample ``losses`` (also a feedback
+        point: a policy may record them)."""
+        ...
+
+    def epoch_reads(self, epoch: int, dataset_size: int) -> int:
+        """Samples the policy will read from the data in ``epoch`` (for learning-rate progress)."""
+        ...
+
+
+class Policy(Protocol):
+    """A way of choosing what to train on. ``name`` labels results; ``describe`` records its
+    settings; ``start`` sets up the state of one run."""
+
+    name: str
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def start(self, ctx: PolicyContext) -> PolicyRun: ...
+
+
+class _FullDataRun:
+    def batches(self, loader: DataLoader, epoch: int) -> Iterable[Batch]:
+        return loader
+
+    def loss(self, losses: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return losses.mean()
+
+    def epoch_reads(self, epoch: int, dataset_size: int) -> int:
+        return dataset_size
+
+
+@dataclass(frozen=True)
+class FullData:
+    """Train on every sample, every epoch (the baseline)."""
+
+    name: str = "full"
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": "full"}
+
+    def start(self, ctx: PolicyContext) -> PolicyRun:
+        return _FullDataRun()
+
+
+@dataclass
+class RunRecord:
+    """One training run's outcome and its exact cost.
+
+    ``compute`` counts forward = 1 and backward = 2 per sample: 3 per backpropagated sample plus
+    1 per sample scored by an extra forward. ``flops`` is ``compute`` times the measured forward
+    FLOPs of one sample. ``wall_s`` is training time (evaluation excluded; compilation included,
+    and also reported apart as ``compile_s`` when a ``prepare_model`` compiles).
+    """
+
+    task: str
+    policy: str
+    seed: int
+    test_acc: float
+    samples_read: int
+    samples_backprop: int
+    samples_scored: int
+    steps: int
+    compute: int
+    flops: float
+    wall_s: float
+    budget: int | None = None
+    epochs_planned: int = 0
+    reached_target_s: float | None = None
+    compile_s: float | None = None
+    curve: list[dict[str, float]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def per_sample_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Cross-entropy of each sample in an ``(inputs, labels, ...)`` batch."""
+    return F.cross_entropy(model(batch[0]), batch[1], reduction="none")
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> float:
+    """Accuracy of ``model`` on ``(x, y)`` in eval mode; the model's mode is restored."""
+    was_training = model.training
+    model.eval()
+    correct = torch.zeros((), dtype=torch.int64, device=y.device)
+    for i in range(0, len(y), batch_size):
+        correct += (model(x[i : i + batch_size]).argmax(1) == y[i : i + batch_size]).sum()
+    model.train(was_training)
+    return correct.item() / max(1, len(y))  # intended host sync: one per evaluation
+
+
+def forward_flops_per_sample(model: nn.Module, x: torch.Tensor) -> float:
+    """Forward FLOPs of one sample (counted on the batch ``x``, divided by its size)."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        flops = count_flops(lambda: model(x))
+    model.train(was_training)
+    return flops / len(x)
+
+
+def _to(batch: Batch, device: torch.device) -> Batch:
+    if device.type == "cpu":
+        return batch
+    return tuple(t.to(device, non_blocking=True) for t in batch)  # type: ignore[return-value]
+
+
+def _warm_up(
+    model: nn.Module, data: SplitData, batch_size: int, device: torch.device, x_test: torch.Tensor
+) -> None:  # the calls below mirror train_iter's and evaluate's exactly
+    """Run every kind of call training will make once, then put the weights back.
+
+    A lazily compiling model compiles here: a training step at the full and at an odd batch size
+    (partial batches), an evaluation forward and an inference-mode forward (sifting's scoring).
+    The weights and buffers are restored in place, so the run starts from the seed's
+    initialisation and the compiled code stays valid; the clock for this is ``compile_s``.
+    """
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    x, y = data.x_train[:batch_size].to(device), data.y_train[:batch_size].to(device)
+    scratch = torch.optim.SGD(model.parameters(), lr=0.0)
+    model.train()
+    for n in (batch_size, max(1, batch_size - 1)):
+        scratch.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[:n]), y[:n]).backward()
+        scratch.step()
+    evaluate(model, x_test, torch.zeros(len(x_test), dtype=torch.int64, device=device))
+    model.eval()
+    with torch.inference_mode():
+        model(x)
+    model.train()
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        model.load_state_dict(saved)
+
+
+def train_iter(
+    task: Task,
+    policy: Policy,
+    seed: int,
+    *,
+    data: SplitData | None = None,
+    budget: int | None = None,
+    device: str | torch.device = "cpu",
+    prepare_model: Callable[[nn.Module], nn.Module] | None = None,
+    evals_per_epoch: int = 0,
+    target: float | None = None,
+    flops_per_sample: float | None = None,
+) -> Generator[dict[str, float], None, RunRecord]:
+    """Train ``task``'s model with ``policy`` from seed ``seed``, yielding at every evaluation.
+
+    A generator, so that several runs can be interleaved (each resumed in turn, the way the
+    benchmark harness interleaves candidates, so machine drift hits them alike); its clock runs
+    only while it is resumed. It yields each curve point and returns the :class:`RunRecord`;
+    :func:`train_run` drives one to the end.
+
+    Args:
+        task: Dataset, model and recipe.
+        policy: What to train on (:class:`FullData`, a sifting policy, ...).
+        seed: Seeds the model's initial weights and the data order; runs with the same seed are
+            paired (same start, same shuffles).
+        data: The task's data, if already loaded.
+        budget: Stop after this many backpropagated samples (the last batch is cut to fit) and
+            fit the learning-rate schedule to that length. ``None``: ``task.epochs`` passes.
+        device: Where to train.
+        prepare_model: Applied to the fresh model before training (for example
+            ``hasten.compile``). The model is then warmed up (see :func:`_warm_up`) and its
+            weights restored; that time is ``compile_s``, kept apart from ``wall_s``.
+        evals_per_epoch: Test-accuracy evaluations per pass over the data (clock paused), for
+            curves and ``target``; the final accuracy is always measured.
+        target: Stop at the first evaluation whose test accuracy reaches this.
+        flops_per_sample: Forward FLOPs per sample; measured on the model if ``None``.
+
+    Raises:
+        ValueError: for a non-positive budget or a negative ``evals_per_epoch``.
+    """
+    if budget is not None and budget < 1:
+        raise ValueError(f"budget must be a positive number of samples, got {budget}")
+    if evals_per_epoch < 0:
+        raise ValueError(f"evals_per_epoch must be >= 0, got {evals_per_epoch}")
+    device = torch.device(device)
+    data = data or task.data()
+    x_test, y_test = data.x_test.to(device), data.y_test.to(device)
+    model = task.build_model(seed, data).to(device)
+    if flops_per_sample is None:
+        flops_per_sample = forward_flops_per_sample(model, x_test[: task.batch_size])
+    compile_s = None
+    if prepare_model is not None:
+        t0 = time.perf_counter()
+        model = prepare_model(model)
+        _warm_up(model, data, task.batch_size, device, x_test)
+        synchronize(device)
+        compile_s = time.perf_counter() - t0
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=task.lr, weight_decay=task.weight_decay)
+    dataset = IndexedDataset(data.x_train, data.y_train)
+    n = len(dataset)
+
+    def make_loader(sampler: Sampler[int] | None = None) -> DataLoader:
+        gen = torch.Generator().manual_seed(seed)
+        return DataLoader(
+            dataset,
+            batch_size=task.batch_size,
+            shuffle=sampler is None,
+            sampler=sampler,
+            generator=gen if sampler is None else None,
+            collate_fn=as_batch,
+        )
+
+    scored = [0]
+
+    def count_scored(k: int) -> None:
+        scored[0] += k
+
+    ctx = PolicyContext(
+        model=model,
+        dataset=dataset,
+        batch_size=task.batch_size,
+        epochs=task.epochs,
+        seed=seed,
+        device=device,
+        loss_fn=per_sample_loss,
+        make_loader=make_loader,
+        count_scored=count_scored,
+    )
+    run = policy.start(ctx)
+    loader = make_loader()
+
+    backprop = steps = 0
+    clock = 0.0  # training seconds, evaluation excluded
+    curve: list[dict[str, float]] = []
+    reached: float | None = None
+    eval_every = n / evals_per_epoch if evals_per_epoch else math.inf
+    next_eval = eval_every
+
+    def record_eval(acc: float | None = None) -> dict[str, float]:
+        acc = evaluate(model, x_test, y_test) if acc is None else acc
+        point = {
+            "wall_s": clock,
+            "samples_read": dataset.reads,
+            "samples_backprop": backprop,
+            "compute": 3 * backprop + scored[0],
+            "test_acc": acc,
+        }
+        curve.append(point)
+        return point
+
+    if evals_per_epoch:
+        yield record_eval()  # the starting point of the curve (not checked against the target)
+    stop = False
+    epoch = 0
+    while not stop and (budget is not None or epoch < task.epochs):
+        reads_at_epoch_start = dataset.reads
+        epoch_reads = max(1, run.epoch_reads(epoch, n))
+        synchronize(device)
+        t0 = time.perf_counter()
+        for batch in run.batches(loader, epoch):
+            batch = _to(batch, device)
+            if budget is not None:
+                if len(batch[1]) > budget - backprop:  # cut the last batch to the budget
+                    batch = tuple(t[: budget - backprop] for t in batch)  # type: ignore[assignment]
+                progress = backprop / budget
+            else:
+                in_epoch = min(1.0, (dataset.reads - reads_at_epoch_start) / epoch_reads)
+                progress = (epoch + in_epoch) / task.epochs
+            for group in opt.param_groups:
+                group["lr"] = lr_at(progress, task.lr, task.warmup)
+            opt.zero_grad(set_to_none=True)
+            losses = per_sample_loss(model, batch)
+            run.loss(losses, batch).backward()
+            opt.step()
+            backprop += len(batch[1])
+            steps += 1
+            if budget is not None and backprop >= budget:
+                stop = True
+            if dataset.reads >= next_eval or stop:
+                synchronize(device)
+                clock += time.perf_counter() - t0
+                while next_eval <= dataset.reads:
+                    next_eval += eval_every
+                if evals_per_epoch:
+                    point = record_eval()
+                    if target is not None and point["test_acc"] >= target and reached is None:
+                        reached, stop = clock, True
+                    yield point
+                t0 = time.perf_counter()
+                if stop:
+                    break
+        else:
+            synchronize(device)
+            clock += time.perf_counter() - t0
+        epoch += 1
+    final_acc = evaluate(model, x_test, y_test)
+    if not curve or curve[-1]["samples_backprop"] != backprop:
+        yield record_eval(final_acc)
+    if target is not None and reached is None and final_acc >= target:
+        reached = clock
+    compute = 3 * backprop + scored[0]
+    info: dict[str, Any] = dict(policy.describe())
+    return RunRecord(
+        task=task.name,
+        policy=policy.name,
+        seed=seed,
+        test_acc=final_acc,
+        samples_read=dataset.reads,
+        samples_backprop=backprop,
+        samples_scored=scored[0],
+        steps=steps,
+        compute=compute,
+        flops=compute * flops_per_sample,
+        wall_s=clock,
+        budget=budget,
+        epochs_planned=task.epochs,
+        reached_target_s=reached,
+        compile_s=compile_s,
+        curve=curve,
+        info=info,
+    )
+
+
+def train_run(
+    task: Task,
+    policy: Policy,
+    seed: int,
+    *,
+    on_eval: Callable[[dict[str, float]], None] | None = None,
+    **kwargs: Any,
+) -> RunRecord:
+    """Run :func:`train_iter` to the end and return its :class:`RunRecord`.
+
+    Args:
+        task: Dataset, model and recipe.
+        policy: What to train on.
+        seed: Initial weights and data order.
+        on_eval: Called with each curve point (progress display).
+        **kwargs: The keyword arguments of :func:`train_iter`.
+    """
+    gen = train_iter(task, policy, seed, **kwargs)
+    while True:
+        try:
+            point = next(gen)
+        except StopIteration as done:
+            return done.value
+        if on_eval is not None:
+            on_eval(point)
+
+
+def run_interleaved(
+    runs: dict[str, Generator[dict[str, float], None, RunRecord]],
+    on_eval: Callable[[str, dict[str, float]], None] | None = None,
+) -> dict[str, RunRecord]:
+    """Drive several :func:`train_iter` runs to the end, one evaluation interval at a time.
+
+    The order rotates every turn, so a change in machine load hits every run alike (each run's
+    clock runs only while it trains). Returns the records under the same keys.
+    """
+    from hasten.bench.harness import rotated
+
+    running = dict(runs)
+    records: dict[str, RunRecord] = {}
+    turn = 0
+    while running:
+        for name in rotated(list(running), turn):
+            try:
+                point = next(running[name])
+            except StopIteration as done:
+                records[name] = done.value
+                del running[name]
+                continue
+            if on_eval is not None:
+                on_eval(name, point)
+        turn += 1
+    return {name: records[name] for name in runs}

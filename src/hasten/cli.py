@@ -1,0 +1,437 @@
+"""The ``hasten`` command: ``demo``, ``bench compile``, ``bench sift``, ``doctor``.
+
+Run ``hasten --help`` or ``hasten <command> --help`` for what each does, with examples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+_EPILOG = """\
+examples:
+  hasten demo                                  eager vs hasten.compile vs sifting vs both
+  hasten bench compile --models gpt2,bert --precision fp32,bf16
+  hasten bench sift --datasets mnist1d --seeds 10 --beta 0.5,1
+  hasten doctor                                what is installed, what is missing, how to fix it
+
+Every command prints a table; --json PATH also writes the full result (raw samples, machine).
+"""
+
+
+def _csv(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("expected a comma-separated list, got nothing")
+        try:
+            return [kind(t) for t in items]
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from err
+
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _choices(allowed: Sequence[str]) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        if text not in allowed:
+            raise ValueError(f"{text!r} is not one of {', '.join(allowed)}")
+        return text
+
+    return check
+
+
+def _demo_run(text: str) -> str:
+    from hasten.bench.demo import VARIANTS
+
+    aliases = {"compile": "hasten.compile", "both": "compile + sifting"}
+    aliases.update({v.replace(" ", ""): v for v in VARIANTS})
+    key = text.replace(" ", "")
+    if key not in aliases:
+        raise ValueError(f"{text!r} is not one of eager, compile, sifting, both")
+    return aliases[key]
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        help="torch CPU threads (default: torch's; 1 is often fastest for tiny models)",
+    )
+    p.add_argument("--json", metavar="PATH", type=Path, help="also write the full result as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (logs, CI)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    from hasten import __version__
+    from hasten.bench.compile_bench import CANDIDATES, PRECISIONS
+    from hasten.bench.demo import VARIANTS
+    from hasten.bench.models import MODEL_NAMES, SIZES
+
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="hasten",
+        description="hasten: faster, cheaper PyTorch training (training compiler + smart sifting).",
+        epilog=_EPILOG,
+        formatter_class=fmt,
+    )
+    parser.add_argument("--version", action="version", version=f"hasten {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = sub.add_parser(
+        "demo",
+        help="train one model four ways to the same accuracy; print a table, write a plot",
+        description=(
+            "Train the same model four ways — eager, hasten.compile, sifting, both — from the\n"
+            "same weights and data order to the same test accuracy. Prints time to target\n"
+            "(compile seconds apart), final accuracy, samples backpropagated and speedup, and\n"
+            "writes a PNG of test accuracy against training seconds."
+        ),
+        epilog=(
+            "examples:\n"
+            "  hasten demo                      MNIST-1D, 1-D CNN, target 92% (a few minutes)\n"
+            "  hasten demo --quick              digits in seconds (smoke test)\n"
+            "  hasten demo --runs eager,sifting --threads 1   two of the four runs\n"
+            "  hasten demo --out results/demo   where demo.png and demo.json go\n"
+        ),
+        formatter_class=fmt,
+    )
+    demo.add_argument("--out", type=Path, default=Path("out/demo"), help="output directory")
+    demo.add_argument("--quick", action="store_true", help="seconds-long run on digits")
+    demo.add_argument("--task", help="task to train (digits, mnist1d, text)")
+    demo.add_argument("--target", type=float, help="test accuracy to reach, e.g. 0.9")
+    demo.add_argument("--epochs", type=_positive_int, help="epoch budget (schedule length)")
+    demo.add_argument("--precision", choices=("fp32", "bf16"), help="hasten.compile precision")
+    demo.add_argument(
+        "--runs",
+        type=_csv(_demo_run),
+        default=list(VARIANTS),
+        help="which runs, comma-separated, from eager, compile, sifting, both (default: all four)",
+    )
+    demo.add_argument("--seed", type=int, default=0, help="seed of weights and data order")
+    demo.add_argument("--device", default="cpu", help="cpu or cuda")
+    _add_output(demo)
+
+    bench = sub.add_parser(
+        "bench",
+        help="side-by-side benchmarks (compile, sift)",
+        description="Benchmarks that back every figure hasten publishes.",
+        epilog=_EPILOG,
+        formatter_class=fmt,
+    )
+    bsub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
+    comp = bsub.add_parser(
+        "compile",
+        help="eager vs torch.compile vs hasten.compile training steps",
+        description=(
+            "Time whole training steps (forward, backward, AdamW) of models built from configs,\n"
+            "eager vs torch.compile vs hasten.compile, interleaved in one process so machine\n"
+            "drift hits all alike. Reports median step time with p20/p80, speedup over eager\n"
+            "fp32 (median of per-round ratios), compile seconds apart, peak step memory, and\n"
+            "model FLOP/s as a share of the matmul peak measured in the same run."
+        ),
+        epilog=(
+            "examples:\n"
+            "  hasten bench compile --models cnn --size small\n"
+            "  hasten bench compile --models gpt2,bert,roberta --precision fp32,bf16 --rounds 8\n"
+            "  hasten bench compile --size base --device cuda --json gpu.json\n"
+        ),
+        formatter_class=fmt,
+    )
+    comp.add_argument(
+        "--models",
+        type=_csv(_choices(MODEL_NAMES)),
+        default=["gpt2", "bert", "roberta", "cnn"],
+        help=f"comma-separated, from {','.join(MODEL_NAMES)} (default gpt2,bert,roberta,cnn)",
+    )
+    comp.add_argument(
+        "--precision",
+        type=_csv(_choices(PRECISIONS)),
+        default=["fp32"],
+        help="comma-separated: fp32, bf16 (default fp32); eager fp32 is always the baseline",
+    )
+    comp.add_argument(
+        "--candidates",
+        type=_csv(_choices(CANDIDATES)),
+        default=list(CANDIDATES),
+        help="comma-separated, from eager,torch.compile,hasten (default all)",
+    )
+    comp.add_argument("--size", choices=SIZES, default="small", help="model size (default small)")
+    comp.add_argument("--rounds", type=_positive_int, default=5, help="interleaved rounds")
+    comp.add_argument("--steps", type=_positive_int, default=5, help="timed steps per round")
+    comp.add_argument("--warmup", type=_positive_int, default=3, help="untimed steps first")
+    comp.add_argument("--device", default="cpu", help="cpu or cuda")
+    comp.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
+    comp.add_argument(
+        "--matmul-n", type=int, default=None, help="matrix size for the matmul peak (0: skip)"
+    )
+    comp.add_argument("--plot", metavar="PATH", type=Path, help="also write a PNG of speedups")
+    _add_output(comp)
+
+    sift = bsub.add_parser(
+        "sift",
+        help="does sifting beat simply training less? (accuracy vs compute)",
+        description=(
+            "On the same data and seeds: full-data training; sifted training (SageMaker's rule\n"
+            "at each beta); and full-data training cut to the sifted run's compute with its own\n"
+            "learning-rate schedule. Compute counts forward=1, backward=2 per sample, scoring\n"
+            "forwards included. Prints accuracy mean ± std, paired differences ± standard error,\n"
+            "compute relative to full data, samples backpropagated and scored, wall time."
+        ),
+        epilog=(
+            "examples:\n"
+            "  hasten bench sift --datasets digits --seeds 3\n"
+            "  hasten bench sift --datasets digits,mnist1d,text --seeds 10 --beta 0.5,1\n"
+            "  hasten bench sift --policies none --epochs 5   full data only (budget check)\n"
+        ),
+        formatter_class=fmt,
+    )
+    sift.add_argument(
+        "--datasets",
+        type=_csv(_choices(("digits", "mnist1d", "text"))),
+        default=["digits", "mnist1d", "text"],
+        help="comma-separated: digits, mnist1d, text (BBC News) (default all three)",
+    )
+    sift.add_argument("--seeds", type=_positive_int, default=5, help="paired seeds per dataset")
+    sift.add_argument(
+        "--beta", type=_csv(float), default=[0.5, 1.0], help="beta values (default 0.5,1)"
+    )
+    sift.add_argument(
+        "--policies",
+        type=_csv(str),
+        default=["sagemaker"],
+        help="policy families to compare with full data (default sagemaker; none: baseline only)",
+    )
+    sift.add_argument("--epochs", type=_positive_int, help="override every task's epoch budget")
+    sift.add_argument(
+        "--history", type=_positive_int, default=500, help="loss_history_length (default 500)"
+    )
+    sift.add_argument(
+        "--delay",
+        type=float,
+        default=0.1,
+        help="sift_delay as a fraction of the full run's steps (default 0.1)",
+    )
+    sift.add_argument("--no-matched", action="store_true", help="skip compute-matched runs")
+    sift.add_argument("--device", default="cpu", help="cpu or cuda")
+    sift.add_argument(
+        "--plot", metavar="PATH", type=Path, help="also write a PNG of accuracy against compute"
+    )
+    _add_output(sift)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check torch, the C++ compiler, GPU/bf16, caches and integrations",
+        description="Check what hasten needs and say how to fix what is missing.",
+        formatter_class=fmt,
+    )
+    doctor.add_argument("--json", metavar="PATH", type=Path, help="also write the checks as JSON")
+    return parser
+
+
+def _write_json(path: Path | None, payload: Any) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from hasten.bench import demo
+    from hasten.bench.report import demo_table, machine_line
+
+    base = demo.QUICK if args.quick else demo.DemoConfig()
+    overrides = {
+        k: v
+        for k, v in {
+            "task": args.task,
+            "target": args.target,
+            "epochs": args.epochs,
+            "precision": args.precision,
+        }.items()
+        if v is not None
+    }
+    fixed = {"seed": args.seed, "device": args.device, "threads": args.threads}
+    config = demo.DemoConfig(**{**base.__dict__, **overrides, **fixed})
+    print(
+        f"hasten demo: task {config.task}, target {100 * config.target:.0f}% test accuracy, "
+        f"seed {config.seed}"
+    )
+    bar = tqdm(desc="training (runs interleaved)", unit=" evals", disable=args.no_progress)
+
+    def on_eval(name: str, point: dict[str, float]) -> None:
+        acc, wall = 100 * point["test_acc"], point["wall_s"]
+        bar.set_postfix_str(f"{name}: {acc:.1f}% at {wall:.1f} s", refresh=False)
+        bar.update(1)
+
+    result = demo.run_demo(config, variants=tuple(args.runs), on_eval=on_eval)
+    bar.close()
+    print()
+    print(demo_table(result))
+    print(f"\nmachine: {machine_line(result['machine'])}")
+    out = Path(args.out)
+    if result["runs"]:
+        png = demo.plot_demo(result, out / "demo.png")
+        print(f"wrote {png}")
+    demo.save_json(result, out / "demo.json")
+    print(f"wrote {out / 'demo.json'}")
+    _write_json(args.json, result)
+    return 0
+
+
+def _cmd_bench_compile(args: argparse.Namespace) -> int:
+    from hasten.bench.compile_bench import run_compile_bench
+    from hasten.bench.harness import BenchConfig
+    from hasten.bench.report import compile_table, machine_line
+
+    config = BenchConfig(
+        warmup=args.warmup,
+        rounds=args.rounds,
+        steps_per_round=args.steps,
+        device=args.device,
+        measure_memory=not args.no_memory,
+        matmul_n=args.matmul_n,
+        threads=args.threads,
+    )
+    results: list[dict[str, Any]] = []
+
+    def show(result: Any) -> None:
+        d = result.to_dict(baseline="eager")
+        results.append(d)
+        print(f"\n{d['name']} ({', '.join(args.precision)}), {d['flops_per_step']:.3g} FLOPs/step")
+        print(compile_table(d))
+
+    run_compile_bench(
+        args.models,
+        args.size,
+        args.precision,
+        args.candidates,
+        config,
+        progress=not args.no_progress,
+        on_result=show,
+    )
+    if results:
+        print(f"\nmachine: {machine_line(results[0]['machine'])}")
+    payload = {"kind": "hasten.bench.compile", "results": results}
+    _write_json(args.json, payload)
+    if args.plot and results:
+        from hasten.bench.plots import plot_compile
+
+        print(f"wrote {plot_compile(payload, args.plot)}")
+    return 0
+
+
+def _cmd_bench_sift(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from hasten.bench.report import machine_line, sift_table
+    from hasten.bench.sift_experiment import SiftExperimentConfig, run_sift_experiment
+
+    config = SiftExperimentConfig(
+        tasks=tuple(args.datasets),
+        seeds=args.seeds,
+        families=tuple(args.policies),
+        betas=tuple(args.beta),
+        loss_history_length=args.history,
+        sift_delay_fraction=args.delay,
+        compute_matched=not args.no_matched,
+        epochs=args.epochs,
+        device=args.device,
+        threads=args.threads,
+    )
+    per_seed = 1 + ("sagemaker" in config.families) * len(config.betas) * (
+        1 + config.compute_matched
+    )
+    total = (
+        len(config.tasks) * config.seeds * per_seed
+        if set(config.families)
+        <= {
+            "sagemaker",
+            "none",
+        }
+        else None
+    )
+    bar = tqdm(total=total, desc="runs", disable=args.no_progress)
+
+    def on_run(task: str, rec: Any) -> None:
+        bar.set_postfix_str(
+            f"{task} seed {rec.seed} {rec.policy}: {100 * rec.test_acc:.1f}% in {rec.wall_s:.1f} s"
+        )
+        bar.update(1)
+
+    result = run_sift_experiment(config, on_run=on_run)
+    bar.close()
+    print()
+    print(sift_table(result))
+    print(
+        "\ncompute: forward=1, backward=2 per sample, scoring forwards included; "
+        "Δ are paired by seed (mean ± standard error), in accuracy points"
+    )
+    print(f"machine: {machine_line(result['machine'])}")
+    _write_json(args.json, result)
+    if args.plot:
+        from hasten.bench.plots import plot_sift
+
+        print(f"wrote {plot_sift(result, args.plot)}")
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from hasten.bench.doctor import run_checks
+
+    checks = run_checks()
+    marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        print(f"[{marks.get(c.status, c.status)}] {c.name:<{width}}  {c.detail}")
+        if c.fix:
+            print(f"       {'':<{width}}  fix: {c.fix}")
+    failed = [c for c in checks if c.status == "fail"]
+    warned = [c for c in checks if c.status == "warn"]
+    print(f"\n{len(checks)} checks: {len(failed)} failed, {len(warned)} warnings")
+    _write_json(args.json, {"kind": "hasten.doctor", "checks": [c.to_dict() for c in checks]})
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hasten`` console script; returns the exit status."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # hasten never downloads models or data
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {
+        "demo": _cmd_demo,
+        "doctor": _cmd_doctor,
+        ("bench", "compile"): _cmd_bench_compile,
+        ("bench", "sift"): _cmd_bench_sift,
+    }
+    key = (args.command, args.bench_command) if args.command == "bench" else args.command
+    try:
+        return handlers[key](args)
+    except (ValueError, RuntimeError, ImportError) as err:
+        print(f"hasten: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("hasten: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

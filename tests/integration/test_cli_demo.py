@@ -1,0 +1,36 @@
+"""`hasten demo --quick` end to end: trains, prints the table, writes the plot and the JSON."""
+
+import json
+
+import pytest
+
+from hasten.bench import _hasten_api
+from hasten.cli import main
+
+pytestmark = pytest.mark.slow  # compiles (when hasten.compiler is present) and trains
+
+
+def test_demo_quick_writes_table_plot_and_json(tmp_path, capsys):
+    out = tmp_path / "demo"
+    code = main(["demo", "--quick", "--out", str(out), "--threads", "1", "--no-progress"])
+    assert code == 0
+    text = capsys.readouterr().out
+    for word in ("eager", "hasten.compile", "sifting", "compile + sifting", "to target s"):
+        assert word in text
+    png = (out / "demo.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    result = json.loads((out / "demo.json").read_text())
+    rows = {r["run"]: r for r in result["rows"]}
+    assert list(rows) == ["eager", "hasten.compile", "sifting", "compile + sifting"]
+    assert rows["eager"]["time_to_target_s"] is not None and rows["eager"]["speedup"] == 1.0
+    compiler_missing = _hasten_api.compiler_unavailable()
+    sifting_missing = _hasten_api.sifting_unavailable()
+    assert ("skipped" in rows["hasten.compile"]) == bool(compiler_missing)
+    assert ("skipped" in rows["sifting"]) == bool(sifting_missing)
+    if not sifting_missing:
+        assert rows["sifting"]["samples_scored"] > 0
+    if not compiler_missing:
+        assert rows["hasten.compile"]["compile_s"] > 0
+    for name, run in result["runs"].items():
+        walls = [p["wall_s"] for p in run["curve"]]
+        assert walls == sorted(walls), name

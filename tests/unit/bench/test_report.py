@@ -1,0 +1,57 @@
+from hasten.bench.report import compile_table, demo_table, format_table
+
+
+def test_format_table_aligns_and_renders_markdown():
+    text = format_table(["a", "bb"], [[1, None], ["long", 2]])
+    lines = text.splitlines()
+    assert lines[0].startswith("a     bb") and lines[1].startswith("----  --")
+    assert lines[2].rstrip() == "1" and lines[3] == "long  2"
+    md = format_table(["a", "bb"], [[1, 2]], markdown=True)
+    assert md.splitlines() == ["| a | bb |", "|---|---|", "| 1 | 2 |"]
+
+
+def test_compile_table_shows_errors_and_speedups():
+    step = {"median": 0.01, "p20": 0.009, "p80": 0.012}
+    result = {
+        "baseline": "eager",
+        "candidates": [
+            {
+                "name": "eager",
+                "error": None,
+                "step_s": step,
+                "compile_s": 0.0,
+                "samples_per_s": 100.0,
+                "peak_mem_bytes": 2**20,
+                "fraction_of_matmul_peak": 0.1,
+                "speedup_vs_eager": {"median": 1.0},
+            },
+            {
+                "name": "hasten",
+                "error": "RuntimeError: hasten.compiler is not available\nmore",
+                "step_s": None,
+            },
+        ],
+    }
+    text = compile_table(result)
+    assert "10.00 [9.00, 12.00]" in text and "1.00×" in text and "10.0%" in text
+    assert "RuntimeError: hasten.compiler is not available" in text and "more" not in text
+
+
+def test_demo_table_marks_skipped_and_unreached():
+    result = {
+        "rows": [
+            {
+                "run": "eager",
+                "time_to_target_s": None,
+                "compile_s": None,
+                "time_to_target_incl_compile_s": None,
+                "final_test_acc": 0.5,
+                "samples_backprop": 1000,
+                "speedup": None,
+            },
+            {"run": "sifting", "skipped": "hasten.sifting is not available"},
+        ]
+    }
+    text = demo_table(result)
+    assert "not reached" in text and "skipped: hasten.sifting is not available" in text
+    assert "1,000" in text

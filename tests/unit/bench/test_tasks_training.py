@@ -1,0 +1,193 @@
+import itertools
+import math
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hasten.bench.tasks import TASK_NAMES, get_task, lr_at
+from hasten.bench.training import (
+    FullData,
+    IndexedDataset,
+    as_batch,
+    evaluate,
+    train_run,
+)
+
+TINY = get_task("digits").with_(epochs=1)
+
+
+class HalfKeeper:
+    """Test policy: scores every batch with an extra forward, trains on its even rows."""
+
+    name = "half"
+
+    def describe(self):
+        return {"policy": "half"}
+
+    def start(self, ctx):
+        outer = self
+
+        class Run:
+            def batches(self, loader, epoch):
+                for batch in loader:
+                    with torch.no_grad():
+                        ctx.loss_fn(ctx.model, batch)
+                    ctx.count_scored(len(batch[1]))
+                    yield tuple(t[::2] for t in batch)
+
+            def loss(self, losses, batch):
+                return losses.mean()
+
+            def epoch_reads(self, epoch, n):
+                return n
+
+        outer.run = Run()
+        return outer.run
+
+
+def test_lr_schedule_warms_up_then_decays_to_zero():
+    assert lr_at(0.0, 1.0, 0.1) == 0.0
+    assert lr_at(0.1, 1.0, 0.1) == pytest.approx(1.0)
+    assert lr_at(1.0, 1.0, 0.1) == pytest.approx(0.0, abs=1e-12)
+    xs = [lr_at(p / 100, 1.0, 0.1) for p in range(10, 101)]
+    assert all(a >= b for a, b in itertools.pairwise(xs))
+
+
+def test_indexed_dataset_serves_whole_batches_and_counts_reads():
+    x, y = torch.arange(20.0).reshape(10, 2), torch.arange(10)
+    ds = IndexedDataset(x, y)
+    loader = DataLoader(
+        ds,
+        batch_size=4,
+        shuffle=True,
+        collate_fn=as_batch,
+        generator=torch.Generator().manual_seed(0),
+    )
+    seen = []
+    for bx, by, idx in loader:
+        assert torch.equal(bx, x[idx]) and torch.equal(by, y[idx])
+        seen += idx.tolist()
+    assert sorted(seen) == list(range(10)) and ds.reads == 10
+    with pytest.raises(ValueError, match="differ in length"):
+        IndexedDataset(x, y[:3])
+
+
+def test_full_run_compute_is_three_units_per_sample_and_paired_by_seed():
+    data = TINY.data()
+    a = train_run(TINY, FullData(), seed=3, data=data)
+    b = train_run(TINY, FullData(), seed=3, data=data)
+    c = train_run(TINY, FullData(), seed=4, data=data)
+    n = len(data.y_train)
+    assert a.samples_backprop == n == a.samples_read
+    assert a.samples_scored == 0 and a.compute == 3 * n
+    assert a.steps == math.ceil(n / TINY.batch_size)
+    assert a.flops == pytest.approx(a.compute * 2 * (64 * 128 + 128 * 10))  # MLP forward FLOPs
+    assert a.test_acc == b.test_acc  # same seed: same weights, same data order
+    assert a.test_acc != c.test_acc or a.curve != c.curve
+
+
+def test_policy_compute_counts_scoring_forwards():
+    data = TINY.data()
+    rec = train_run(TINY, HalfKeeper(), seed=0, data=data)
+    n = len(data.y_train)
+    kept = sum(math.ceil(len(b) / 2) for b in torch.arange(n).split(TINY.batch_size))
+    assert rec.samples_scored == n
+    assert rec.samples_backprop == kept
+    assert rec.compute == 3 * kept + n
+
+
+@pytest.mark.parametrize("budget", [1, 100, 1000])
+def test_budget_is_spent_exactly(budget):
+    rec = train_run(TINY, FullData(), seed=0, budget=budget)
+    assert rec.samples_backprop == budget and rec.compute == 3 * budget
+    assert rec.budget == budget
+
+
+def test_budget_longer_than_one_epoch_runs_on():
+    data = TINY.data()
+    n = len(data.y_train)
+    rec = train_run(TINY, FullData(), seed=0, data=data, budget=n + 50)
+    assert rec.samples_backprop == n + 50
+
+
+def test_target_stops_at_first_evaluation_that_reaches_it():
+    rec = train_run(TINY, FullData(), seed=0, evals_per_epoch=4, target=0.0)
+    assert rec.reached_target_s is not None
+    assert rec.curve[0]["samples_backprop"] == 0  # the untrained starting point
+    assert len(rec.curve) == 2 and rec.samples_backprop < len(TINY.data().y_train)
+
+
+def test_curve_points_and_bad_arguments():
+    rec = train_run(TINY, FullData(), seed=0, evals_per_epoch=3)
+    assert len(rec.curve) == 4  # the starting point and three evaluations
+    assert rec.curve[-1]["samples_backprop"] == rec.samples_backprop
+    walls = [p["wall_s"] for p in rec.curve]
+    assert walls == sorted(walls)
+    with pytest.raises(ValueError, match="budget"):
+        train_run(TINY, FullData(), seed=0, budget=0)
+    with pytest.raises(ValueError, match="evals_per_epoch"):
+        train_run(TINY, FullData(), seed=0, evals_per_epoch=-1)
+
+
+def test_evaluate_restores_mode():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Dropout(0.5))
+    model.train()
+    acc = evaluate(model, torch.randn(10, 4), torch.zeros(10, dtype=torch.int64))
+    assert 0.0 <= acc <= 1.0 and model.training
+
+
+def test_prepare_model_time_is_kept_apart_and_weights_restored():
+    seen = {}
+
+    def prepare(model):
+        seen["before"] = {k: v.clone() for k, v in model.state_dict().items()}
+        return model
+
+    rec = train_run(TINY.with_(epochs=1), FullData(), seed=0, budget=1, prepare_model=prepare)
+    plain = train_run(TINY.with_(epochs=1), FullData(), seed=0, budget=1)
+    assert rec.compile_s is not None and rec.compile_s >= 0
+    assert rec.test_acc == plain.test_acc  # warm-up steps were undone
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_task_models_build_and_score(name):
+    task = get_task(name)
+    if name == "mnist1d":  # the real task generates 10,000 signals (seconds); 500 suffice here
+        task = task.with_(dataset_kwargs={"num_samples": 500})
+    data = task.data()
+    model = task.build_model(0, data)
+    out = model(data.x_test[:3])
+    assert out.shape == (3, data.num_classes)
+    again = task.build_model(0, data)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), again.parameters()))
+    with pytest.raises(ValueError, match="choose one of"):
+        get_task("imagenet")
+
+
+def test_interleaved_runs_match_separate_runs_and_clocks_pause():
+    import time
+
+    from hasten.bench.training import train_iter
+
+    data = TINY.data()
+    gens = [train_iter(TINY, FullData(), seed=s, data=data, evals_per_epoch=3) for s in (0, 1)]
+    records = {}
+    t0 = time.perf_counter()
+    slept = 0.0
+    while gens:
+        for g in list(gens):
+            try:
+                next(g)
+            except StopIteration as done:
+                records[done.value.seed] = done.value
+                gens.remove(g)
+            time.sleep(0.05)
+            slept += 0.05
+    elapsed = time.perf_counter() - t0
+    for seed, rec in records.items():
+        alone = train_run(TINY, FullData(), seed=seed, data=data, evals_per_epoch=3)
+        assert rec.test_acc == alone.test_acc
+        assert [p["test_acc"] for p in rec.curve] == [p["test_acc"] for p in alone.curve]
+    # each run's clock ran only while it trained: never through the other run or the sleeps
+    assert records[0].wall_s + records[1].wall_s < elapsed - slept + 0.05
