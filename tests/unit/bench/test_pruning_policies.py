@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hasten.bench import pruning_policies as pp
@@ -52,3 +54,30 @@ def test_rescoring_counts_scoring_forwards_but_not_reads():
     assert rec.compute == 3 * rec.samples_backprop + 2 * n
     assert rec.samples_read == rec.samples_backprop  # the scorer's rows are not training reads
 
+
+def test_epoch_planning_is_on_the_clock():
+    import time
+
+    class SlowPlanner(FullData):
+        def start(self, ctx):
+            run = super().start(ctx)
+            slow = run.epoch_reads
+
+            def epoch_reads(epoch, n):
+                time.sleep(0.05)  # stands in for a scoring pass at the start of the epoch
+                return slow(epoch, n)
+
+            run.epoch_reads = epoch_reads
+            return run
+
+    task = get_task("digits").with_(epochs=2)
+    data = task.data()
+    small = dataclasses.replace(
+        data,
+        x_train=data.x_train[:64],
+        y_train=data.y_train[:64],
+        x_test=data.x_test[:64],
+        y_test=data.y_test[:64],
+    )
+    rec = train_run(task, SlowPlanner(), seed=0, data=small)
+    assert rec.wall_s >= 0.1
