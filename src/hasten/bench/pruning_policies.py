@@ -7,7 +7,7 @@ step's per-sample losses back, returning the (reweighted) loss to backpropagate.
 scorer rescored stale samples at the start of an epoch; those forwards are counted as scoring
 compute (1 per sample), exactly as the SageMaker rule's.
 
-Families registered with :func:`hasten.bench.sift_experiment.register_policy_family`:
+Families (named in :data:`hasten.bench.sift_experiment.POLICY_FAMILIES`, imported lazily):
 
 ==============  ===============================================================================
 ``unbiased``    InfoBatch's rule at the settings in :data:`UNBIASED_SETTINGS`
@@ -188,14 +188,3 @@ def stale_family(config: Any, full_steps: int) -> list[Policy]:
             cfg = {"policy": "stale_relative", "beta_value": beta, **settings}
             out.append(PrunePolicy(label, cfg, scorer))
     return out
-
-
-def _register() -> None:
-    from hasten.bench.sift_experiment import POLICY_FAMILIES, register_policy_family
-
-    for name, family in (("unbiased", unbiased_family), ("stale", stale_family)):
-        if name not in POLICY_FAMILIES:
-            register_policy_family(name, family)
-
-
-_register()

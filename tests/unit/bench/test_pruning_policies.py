@@ -81,3 +81,18 @@ def test_epoch_planning_is_on_the_clock():
     )
     rec = train_run(task, SlowPlanner(), seed=0, data=small)
     assert rec.wall_s >= 0.1
+
+
+def test_per_task_epoch_budgets():
+    config = se.SiftExperimentConfig(tasks=("digits", "mnist1d"), epochs={"mnist1d": 40})
+    assert config.epochs_for("mnist1d") == 40 and config.epochs_for("digits") is None
+    assert se.SiftExperimentConfig(epochs=7).epochs_for("text") == 7
+    with pytest.raises(ValueError, match="unknown task"):
+        se.SiftExperimentConfig(epochs={"cifar": 3})
+    with pytest.raises(ValueError, match="epochs"):
+        se.SiftExperimentConfig(epochs={"digits": 0})
+    from hasten.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "sift", "--epochs", "mnist1d=40,text=6"])
+    assert args.epochs == {"mnist1d": 40, "text": 6}
+    assert build_parser().parse_args(["bench", "sift", "--epochs", "5"]).epochs == 5
