@@ -18,7 +18,7 @@ def test_families_are_registered_and_named():
     assert names == [pp._label("unbiased", s) for s in pp.UNBIASED_SETTINGS]
     assert len(set(names)) == len(names)
     stale = se.POLICY_FAMILIES["stale"](config, 100)
-    assert [p.name for p in stale] == ["stale-b1-fed", "stale-b1-age2-bf16"]
+    assert [p.name for p in stale] == ["stale-b1-fed", "stale-b1-age2-bf16", "stale-b0.5-fed"]
     assert stale[1].describe()["scorer"] == {"batch_size": 1024, "autocast_dtype": "bfloat16"}
 
 
