@@ -17,6 +17,14 @@ matches Amazon SageMaker's ``smart_sifting`` (also importable under its module p
 The pieces, each usable alone: :mod:`~hasten.sifting.batch` (split/select/concat any batch),
 :mod:`~hasten.sifting.history` (loss ring buffer, percentiles), :mod:`~hasten.sifting.policy`
 (pure selection rules), :mod:`~hasten.sifting.loader` (the wrapper). See ``docs/sifting.md``.
+
+Beyond SageMaker, ``PruningSampler`` prunes with no extra forward: the training step feeds its
+per-sample losses back (``loss = sampler.update(losses)``) and the sampler leaves samples out of
+the next epochs before they are loaded, with InfoBatch's unbiased rule
+(``UnbiasedPruningConfig``) or SageMaker's rule on stored losses
+(``StaleRelativePruningConfig``, rescoring stale ones with a ``Scorer``):
+:mod:`~hasten.sifting.pruning`, :mod:`~hasten.sifting.feedback`, :mod:`~hasten.sifting.unbiased`,
+:mod:`~hasten.sifting.scoring`.
 """
 
 from __future__ import annotations
