@@ -366,9 +366,8 @@ def train_iter(
     epoch = 0
     while not stop and (budget is not None or epoch < task.epochs):
         synchronize(device)
-        t0 = (
-            time.perf_counter()
-        )  # the policy's epoch planning (e.g. a scoring pass) is on the clock
+        # the policy's epoch planning (e.g. a scoring pass) is training time: on the clock
+        t0 = time.perf_counter()
         epoch_reads = max(1, run.epoch_reads(epoch, n))
         reads_at_epoch_start = dataset.reads
         for batch in run.batches(loader, epoch):
