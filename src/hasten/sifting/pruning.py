@@ -243,7 +243,7 @@ class PruningSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         plan = self._plan
-        if self._resume and plan is not None and plan.started:
+        if self._resume and plan is not None and plan.started and plan.cursor < len(plan.order):
             start = plan.cursor  # restored mid-epoch: the samples whose loss never came back
         else:
             if plan is None:

@@ -179,6 +179,24 @@ def test_state_dict_round_trip_continues_identically(cut_steps):
         assert getattr(resumed.stats, name) == getattr(ref.stats, name), name
 
 
+def test_resume_between_epochs_without_set_epoch():
+    ds = Planted(90)
+    cfg = UnbiasedPruningConfig(prune_ratio=0.7, anneal_fraction=0.0)
+
+    def make():
+        s = PruningSampler(ds, cfg, seed=5)
+        return s, DataLoader(ds, batch_size=16, sampler=s)
+
+    ref, ref_loader = make()
+    ref_log = [_train_epoch(ref, ref_loader, ds, e)[0] for e in range(3)]
+    run, loader = make()
+    _train_epoch(run, loader, ds, 0)
+    state = run.state_dict()
+    resumed, loader = make()
+    resumed.load_state_dict(state)
+    assert [_train_epoch(resumed, loader, ds, e)[0] for e in (1, 2)] == ref_log[1:]
+
+
 def test_load_state_dict_checks_what_must_match():
     s = PruningSampler(10, {"policy": "unbiased", "anneal_fraction": 0.0})
     state = s.state_dict()
