@@ -18,6 +18,7 @@ from torch import nn
 __all__ = [
     "compiler_unavailable",
     "hasten_compile",
+    "hasten_compile_step",
     "sifting_loader",
     "sifting_unavailable",
 ]
@@ -46,6 +47,16 @@ def hasten_compile(model: nn.Module, precision: str = "fp32", **overrides: Any) 
     import hasten
 
     return hasten.compile(model, precision=precision, **overrides)
+
+
+def hasten_compile_step(
+    step: Callable[[], Any], optimizer: torch.optim.Optimizer
+) -> Callable[[], Any]:
+    """``hasten.compile_step(step, optimizers=optimizer)``: the optimizer update made fast (the
+    fused kernel where there is one), in place; returns the step to call."""
+    import hasten
+
+    return hasten.compile_step(step, optimizers=optimizer)
 
 
 def sifting_loader(

@@ -29,11 +29,11 @@ def percentile_of(losses: Tensor, reference: Tensor) -> Tensor:
     Returns:
         Float tensor shaped like ``losses``.
     """
-    x = losses.detach().contiguous()
+    x = losses.detach().float().contiguous()  # no-ops for float32; bf16/fp16 rank in float32
     n = reference.numel()
     if n == 0:
-        return torch.ones_like(x, dtype=torch.float32)
-    ref = torch.sort(reference.detach().to(x.dtype)).values
+        return torch.ones_like(x)
+    ref = torch.sort(reference.detach().float()).values
     below = torch.searchsorted(ref, x, side="left")
     not_above = torch.searchsorted(ref, x, side="right")
     return (below + not_above) * (0.5 / n)

@@ -45,3 +45,11 @@ def test_state_round_trip():
     torch.testing.assert_close(h2.values(), h.values())
     with pytest.raises(ValueError, match="same config"):
         LossHistory(4).load_state_dict(h.state_dict())
+
+
+def test_half_precision_losses_rank_in_float32():
+    ref = torch.linspace(0, 1, 1001)
+    x = torch.tensor([0.25, 0.5], dtype=torch.bfloat16)
+    p = percentile_of(x, ref)
+    assert p.dtype == torch.float32
+    torch.testing.assert_close(p, torch.tensor([0.25, 0.5]), atol=2e-3, rtol=0)

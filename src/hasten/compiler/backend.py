@@ -1,0 +1,175 @@
+"""The ``hasten`` TorchDynamo backend: hasten's passes, then AOTAutograd + Inductor.
+
+The pipeline, for every graph TorchDynamo captures::
+
+    Dynamo graph (torch ops)
+      -> hasten "pre_grad" passes            e.g. attention_to_sdpa
+      -> Inductor compile_fx, with config scoped by torch._inductor.config.patch:
+           AOTAutograd: joint forward/backward graph, partitioned
+           -> hasten "post_grad" passes       through Inductor's post_grad_custom_pre_pass hook,
+                                              a CustomGraphPass whose uuid() hashes the pass
+                                              sources, so the FX graph cache still hits
+           -> Inductor codegen (C++/OpenMP on CPU, Triton on GPU)
+
+The backward is lowered eagerly (with the forward), so a compile failure in it surfaces on the
+first forward call, where hasten's fallback can catch it, not in ``loss.backward()``.
+
+After ``pip install hasten`` the backend is found by name through the ``torch_dynamo_backends``
+entry point: ``torch.compile(model, backend="hasten")`` needs no import. ``mode`` and ``options``
+of ``torch.compile`` are honoured: ``options`` are Inductor options, plus ``"passes"`` (a mapping
+like ``CompileConfig.passes``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+from hasten.compiler.config import CompileConfig
+from hasten.compiler.passes.registry import get_pass, run_passes
+from hasten.compiler.report import CompileRecord, graph_shape
+
+__all__ = ["HastenBackend", "hasten_backend", "inductor_patches"]
+
+
+class HastenBackend:
+    """A TorchDynamo backend callable bound to one :class:`CompileConfig` and one record.
+
+    Args:
+        config: What to do (passes, mode, Inductor options, cache dir). Defaults to
+            ``CompileConfig()``.
+        record: Where to log graphs, pass statistics and compile time (a fresh one by default).
+    """
+
+    def __init__(self, config: CompileConfig | None = None, record: CompileRecord | None = None):
+        self.__name__ = "hasten"  # how TorchDynamo names the backend in errors and logs
+        self.config = config or CompileConfig()
+        self.record = record if record is not None else CompileRecord()
+        enabled = self.config.enabled_passes()
+        self.pre_grad = tuple(n for n in enabled if get_pass(n).stage == "pre_grad")
+        self.post_grad = tuple(n for n in enabled if get_pass(n).stage == "post_grad")
+
+    def __call__(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any
+    ) -> Callable[..., Any]:
+        from torch._inductor.compile_fx import compile_fx
+
+        t0 = time.perf_counter()
+        shape = graph_shape(gm)  # before the passes rewrite gm in place
+        gm, stats = run_passes(gm, example_inputs, self.pre_grad, graph="pre_grad")
+        with self.record.lock:
+            self.record.pass_stats.extend(stats)
+            self.record.backend_calls += 1
+        patches = inductor_patches(
+            self.config, _device_type(example_inputs), self._post_grad_hook()
+        )
+        with _scoped(self.config):
+            compiled = compile_fx(gm, example_inputs, config_patches=patches)
+        seconds = time.perf_counter() - t0
+        self.record.add_graph(shape, seconds)
+        with self.record.lock:
+            self.record.backend_seconds += seconds
+        return compiled
+
+    def _post_grad_hook(self) -> CustomGraphPass | None:
+        if not self.post_grad:
+            return None
+        return _PostGradPasses(self.post_grad, self.record)
+
+
+class _PostGradPasses(CustomGraphPass):
+    """hasten's post-grad passes as one Inductor custom pass (run on forward and backward)."""
+
+    def __init__(self, names: tuple[str, ...], record: CompileRecord):
+        self.names = names
+        self.record = record
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        gm = graph.owning_module
+        if gm is None:  # Inductor always hands over an owned graph; be safe anyway
+            return
+        inputs = [n.meta.get("val") for n in graph.find_nodes(op="placeholder")]
+        out, stats = run_passes(gm, inputs, self.names, graph="post_grad")
+        if out is not gm:
+            raise RuntimeError("a post_grad pass must rewrite its graph in place")
+        with self.record.lock:
+            self.record.pass_stats.extend(stats)
+
+    def uuid(self) -> Any:
+        # Stable across processes: the pass sources and which passes run. Inductor folds this
+        # into its FX-graph cache key, so a warm cache still hits (and a changed pass misses).
+        files = tuple(sorted({get_pass(n).fn.__code__.co_filename for n in self.names}))
+        return (get_hash_for_files(files).hex(), self.names)
+
+
+# Inductor settings hasten changes per device, each measured on the benchmark models (see
+# docs/compiler.md): on CPU, Inductor's in-kernel dropout RNG (scalar Philox per element) cost
+# ~20 ns an element, a quarter of BERT-small's fp32 step; ATen's RNG (fallback_random) is ~5x
+# cheaper and gives eager's exact dropout masks for the same seed.
+_DEVICE_DEFAULTS: dict[str, dict[str, Any]] = {"cpu": {"fallback_random": True}}
+
+
+def inductor_patches(
+    config: CompileConfig, device_type: str, post_grad: CustomGraphPass | None = None
+) -> dict[str, Any]:
+    """The Inductor config hasten compiles with: mode options, hasten's choices, the hook."""
+    from torch._inductor import list_mode_options
+
+    mode = config.mode
+    if device_type != "cuda" and mode == "max-autotune":
+        mode = "max-autotune-no-cudagraphs"  # CUDA graphs mean nothing off CUDA
+    patches: dict[str, Any] = dict(list_mode_options(mode)) if mode != "default" else {}
+    patches.update(_DEVICE_DEFAULTS.get(device_type, {}))
+    if post_grad is not None:
+        patches["post_grad_custom_pre_pass"] = post_grad
+    patches.update(config.inductor_options)
+    return patches
+
+
+@contextlib.contextmanager
+def _scoped(config: CompileConfig) -> Iterator[None]:
+    """Config that must hold while Inductor compiles (forward and the eager backward)."""
+    import torch._functorch.config as functorch_config
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(functorch_config.patch(force_non_lazy_backward_lowering=True))
+        if config.cache_dir is not None:
+            from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+            stack.enter_context(temporary_cache_dir(config.cache_dir))
+        yield
+
+
+def _device_type(example_inputs: Sequence[Any]) -> str:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            return x.device.type
+    return "cpu"
+
+
+def _options_config(mode: str | None, options: Mapping[str, Any] | None) -> CompileConfig:
+    opts = dict(options or {})
+    passes = opts.pop("passes", {})
+    return CompileConfig(mode=mode or "default", passes=passes, inductor_options=opts)  # type: ignore[arg-type]
+
+
+def hasten_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    mode: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> Callable[..., Any]:
+    """The ``"hasten"`` backend for ``torch.compile(model, backend="hasten")``.
+
+    ``mode`` is Inductor's mode; ``options`` are Inductor options plus ``"passes"``. Precision and
+    fallback are features of :func:`hasten.compile`, which wraps the model, not of a backend.
+    """
+    return HastenBackend(_options_config(mode, options))(gm, example_inputs, **kwargs)

@@ -1,0 +1,222 @@
+"""``CompileConfig``: every choice ``hasten.compile`` makes, in one validated, frozen object.
+
+::
+
+    import hasten
+
+    model = hasten.compile(model)                                  # the defaults
+    model = hasten.compile(model, precision="bf16")                # keyword overrides
+    cfg = hasten.CompileConfig(mode="max-autotune", passes={"attention_to_sdpa": False})
+    model = hasten.compile(model, cfg)
+
+Bad values and bad combinations raise ``ValueError``/``TypeError`` naming the fix, when the config
+is built (or, for checks that need the model's device, when ``hasten.compile`` sees the model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+import torch
+
+__all__ = ["FALLBACKS", "MODES", "PRECISIONS", "CompileConfig"]
+
+Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+Precision = Literal["fp32", "bf16", "fp16"]
+Fallback = Literal["eager", "raise"]
+
+MODES: tuple[str, ...] = (
+    "default",
+    "reduce-overhead",
+    "max-autotune",
+    "max-autotune-no-cudagraphs",
+)
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+FALLBACKS: tuple[str, ...] = ("eager", "raise")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileConfig:
+    """How ``hasten.compile`` compiles a model. All fields are keyword-only.
+
+    Example::
+
+        cfg = CompileConfig(precision="bf16", fallback="raise")
+        cfg2 = cfg.replace(mode="max-autotune")
+    """
+
+    mode: Mode = "default"
+    """Inductor's mode. ``"max-autotune"`` benchmarks GEMM kernels (C++ templates on CPU, Triton
+    on GPU) at compile time: slower compiles, sometimes faster steps. ``"reduce-overhead"`` adds
+    CUDA graphs (GPU only)."""
+
+    precision: Precision = "fp32"
+    """``"fp32"`` keeps the model's numerics. ``"bf16"`` runs the forward (and so the backward)
+    under bfloat16 autocast, applied by hasten inside the compiled forward, so the training loop
+    stays as it is; parameters, gradients and optimizer state stay fp32, and floating outputs come
+    back as fp32. Needs a CPU with native bf16 (AVX512-BF16/AMX) or a GPU that supports it.
+    ``"fp16"`` is the same with float16 and needs CUDA and a gradient scaler (see
+    ``hasten.compiler.grad_scaler``)."""
+
+    passes: Mapping[str, bool] = field(default_factory=dict, hash=False)
+    """Turn hasten's graph passes on or off by name, e.g. ``{"attention_to_sdpa": False}``;
+    passes not named keep their default (see ``hasten.compiler.passes.pass_names()``)."""
+
+    dynamic: bool | None = None
+    """Dynamic shapes: ``None`` lets TorchDynamo mark a dimension dynamic after it changed once;
+    ``True`` compiles shape-generic kernels up front; ``False`` specializes on every shape."""
+
+    fullgraph: bool = False
+    """Demand one graph for the whole forward: a graph break is an error (then handled by
+    ``fallback``) instead of a split."""
+
+    fallback: Fallback = "eager"
+    """What happens when compiling fails: ``"eager"`` warns, naming the cause, and runs the model
+    eagerly from then on, so training never stops; ``"raise"`` raises the error."""
+
+    cache_dir: str | None = None
+    """Inductor's on-disk cache (compiled kernels and graphs), which makes the second process
+    start warm. ``None`` keeps torch's default (``$TORCHINDUCTOR_CACHE_DIR`` or a temp dir)."""
+
+    fix_known_traps: bool = True
+    """Fix known compile traps on the model before compiling when the fix cannot change results
+    (e.g. set Transformers' ``loss_type`` to the default it falls back to, so the warning it logs
+    inside ``forward`` no longer breaks the graph). Each fix is reported by ``hasten.explain``."""
+
+    warn_recompiles: int = 4
+    """Warn, with the guards that failed, once a compiled forward has been recompiled this many
+    times: half of torch's limit (8), after which Dynamo silently runs it eagerly; a warning also
+    comes when the limit is hit. ``0`` disables. (Switching train/eval or grad/no-grad recompiles
+    once or twice in a normal loop, which is why the default is not lower.)"""
+
+    inductor_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """Extra Inductor config (``torch._inductor.config`` names), scoped to this model's
+    compilation. Overrides what ``mode`` and hasten choose."""
+
+    def __post_init__(self) -> None:
+        _one_of("mode", self.mode, MODES)
+        _one_of("precision", self.precision, PRECISIONS)
+        _one_of("fallback", self.fallback, FALLBACKS)
+        for name in ("fullgraph", "fix_known_traps"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"CompileConfig.{name} must be True or False")
+        if self.dynamic is not None and not isinstance(self.dynamic, bool):
+            raise TypeError("CompileConfig.dynamic must be None, True or False")
+        if isinstance(self.warn_recompiles, bool) or not isinstance(self.warn_recompiles, int):
+            raise TypeError("CompileConfig.warn_recompiles must be an int (0 disables the warning)")
+        if self.warn_recompiles < 0:
+            raise ValueError("CompileConfig.warn_recompiles must be >= 0 (0 disables the warning)")
+        object.__setattr__(self, "passes", MappingProxyType(_check_passes(self.passes)))
+        if not isinstance(self.inductor_options, Mapping):
+            raise TypeError(
+                "CompileConfig.inductor_options must be a mapping of Inductor config names"
+            )
+        object.__setattr__(self, "inductor_options", MappingProxyType(dict(self.inductor_options)))
+        _check_inductor_options(self.inductor_options)
+        if self.cache_dir is not None:
+            if not isinstance(self.cache_dir, (str, os.PathLike)):
+                raise TypeError(
+                    "CompileConfig.cache_dir must be a path (str or os.PathLike) or None"
+                )
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        if self.precision == "fp16" and not torch.cuda.is_available():
+            raise ValueError(
+                "precision='fp16' needs a CUDA device (float16 autocast with gradient scaling); "
+                "on CPU use precision='bf16' (or 'fp32')"
+            )
+
+    def replace(self, **changes: Any) -> CompileConfig:
+        """A copy with ``changes`` applied (and validated)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(
+                f"unknown CompileConfig field(s) {sorted(unknown)}; "
+                f"fields are {[f.name for f in dataclasses.fields(self)]}"
+            )
+        return dataclasses.replace(self, **changes)
+
+    def enabled_passes(self) -> tuple[str, ...]:
+        """The names of the passes that will run, in pipeline order."""
+        from hasten.compiler.passes.registry import get_pass, pass_names
+
+        return tuple(n for n in pass_names() if self.passes.get(n, get_pass(n).default))
+
+    def check_device(self, device: torch.device) -> None:
+        """Reject settings the model's ``device`` cannot run, naming the fix.
+
+        Raises:
+            ValueError: fp16 off CUDA, bf16 on hardware without bf16 support, CUDA graphs off CUDA.
+        """
+        if self.precision == "fp16" and device.type != "cuda":
+            raise ValueError(
+                f"precision='fp16' needs the model on a CUDA device, but it is on {device}; "
+                "use precision='bf16' on CPU, or move the model to CUDA first"
+            )
+        if self.precision == "bf16":
+            if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+                raise ValueError(
+                    "precision='bf16' is not supported by this GPU; use precision='fp16' "
+                    "(with a gradient scaler) or 'fp32'"
+                )
+            if device.type == "cpu" and not torch.backends.mkldnn.is_available():
+                raise ValueError("precision='bf16' on CPU needs oneDNN; use precision='fp32'")
+            if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+                raise ValueError(
+                    "precision='bf16' needs a CPU with native bfloat16 (AVX512-BF16 or AMX); "
+                    "this one would emulate it, slower than fp32; use precision='fp32'"
+                )
+        if self.mode == "reduce-overhead" and device.type != "cuda":
+            raise ValueError(
+                f"mode='reduce-overhead' uses CUDA graphs and does nothing for a model on "
+                f"{device}; use mode='default' (or 'max-autotune')"
+            )
+
+
+def _one_of(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(
+            f"CompileConfig.{name}={value!r} is not valid; choose one of "
+            + ", ".join(repr(c) for c in choices)
+        )
+
+
+def _check_passes(passes: Any) -> dict[str, bool]:
+    from hasten.compiler.passes.registry import pass_names
+
+    if not isinstance(passes, Mapping):
+        raise TypeError(
+            "CompileConfig.passes must map pass names to True/False, "
+            "e.g. passes={'attention_to_sdpa': False}"
+        )
+    known = pass_names()
+    out: dict[str, bool] = {}
+    for name, on in passes.items():
+        if name not in known:
+            raise ValueError(
+                f"unknown pass {name!r} in CompileConfig.passes; known passes: {', '.join(known)}"
+            )
+        if not isinstance(on, bool):
+            raise TypeError(f"CompileConfig.passes[{name!r}] must be True or False, not {on!r}")
+        out[name] = on
+    return out
+
+
+def _check_inductor_options(options: Mapping[str, Any]) -> None:
+    import torch._inductor.config as inductor_config
+
+    for key in options:
+        if not isinstance(key, str):
+            raise TypeError(f"CompileConfig.inductor_options keys must be str, not {key!r}")
+        obj: Any = inductor_config
+        for part in key.split("."):
+            if not hasattr(obj, part):
+                raise ValueError(
+                    f"unknown Inductor option {key!r} in CompileConfig.inductor_options; "
+                    "see torch._inductor.list_options()"
+                )
+            obj = getattr(obj, part)

@@ -1,0 +1,271 @@
+"""What happened when a model was compiled: graphs, graph breaks, recompiles, passes, time.
+
+:class:`CompileRecord` is filled in while hasten compiles (by the backend, the recompile guard and
+the fallback); :class:`CompileReport` is the read-only summary users get from
+``hasten.explain(model, *inputs)`` or ``hasten.compiler.compile_report(model)``.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from hasten.compiler.passes.registry import PassStats
+
+__all__ = [
+    "CompileRecord",
+    "CompileReport",
+    "GraphBreak",
+    "GraphInfo",
+    "Recompile",
+    "graph_break_from",
+    "graph_shape",
+    "suggest_fix",
+]
+
+
+@dataclass(frozen=True)
+class GraphBreak:
+    """One place where TorchDynamo had to end a graph and run Python.
+
+    Attributes:
+        reason: Dynamo's reason, first line (the full text is in ``detail``).
+        detail: Dynamo's full explanation.
+        location: ``"file.py:123 in fn"`` of the user code that caused it (innermost frame).
+        source: That line of code, stripped ("" when the file is not readable).
+        suggestion: What to change so the graph does not break.
+    """
+
+    reason: str
+    detail: str
+    location: str
+    source: str
+    suggestion: str
+
+
+@dataclass(frozen=True)
+class Recompile:
+    """A recompilation: a guard of a compiled graph failed on new inputs.
+
+    Attributes:
+        function: The compiled function (code name) that recompiled.
+        guard: The guard that failed, as Dynamo reports it (e.g. a size that changed).
+    """
+
+    function: str
+    guard: str
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """One captured graph.
+
+    Attributes:
+        index: Order of capture.
+        nodes: Node count of the captured (torch-level) graph, before hasten's passes.
+        ops: Count of call nodes by op name (top 10 kept for the report).
+        seconds: Time the backend spent compiling it (passes + AOTAutograd + Inductor).
+    """
+
+    index: int
+    nodes: int
+    ops: tuple[tuple[str, int], ...]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """A summary of one compiled model. ``str(report)`` reads well in a terminal.
+
+    Attributes:
+        graphs: Every captured graph (more than one means graph breaks).
+        graph_breaks: Every graph break, with its reason, user source line and a suggested fix.
+        recompiles: Every recompilation with the guard that failed.
+        compile_seconds: Wall time of the calls that compiled (tracing + backend).
+        backend_seconds: Time inside the backend (passes, AOTAutograd, Inductor).
+        pass_stats: What each hasten pass did to each graph.
+        fixes: Known traps hasten found, and whether and how it fixed them.
+        fallback: Why the model runs eagerly, when compiling failed (``None`` otherwise).
+    """
+
+    graphs: tuple[GraphInfo, ...]
+    graph_breaks: tuple[GraphBreak, ...]
+    recompiles: tuple[Recompile, ...]
+    compile_seconds: float
+    backend_seconds: float
+    pass_stats: tuple[PassStats, ...]
+    fixes: tuple[str, ...]
+    fallback: str | None
+
+    @property
+    def graph_count(self) -> int:
+        return len(self.graphs)
+
+    def __str__(self) -> str:
+        lines = [
+            f"hasten compile report: {len(self.graphs)} graph(s), "
+            f"{len(self.graph_breaks)} graph break(s), {len(self.recompiles)} recompile(s), "
+            f"compile {self.compile_seconds:.1f} s (backend {self.backend_seconds:.1f} s)"
+        ]
+        if self.fallback:
+            lines.append(f"  FALLBACK: running eagerly because compiling failed: {self.fallback}")
+        for fix in self.fixes:
+            lines.append(f"  trap: {fix}")
+        for i, gb in enumerate(self.graph_breaks, 1):
+            lines.append(f"  graph break {i}: {gb.reason}")
+            lines.append(f"    at {gb.location}" + (f":  {gb.source}" if gb.source else ""))
+            lines.append(f"    fix: {gb.suggestion}")
+        for rc in self.recompiles:
+            guard = rc.guard.splitlines()[0] if rc.guard else "?"  # full text: rc.guard
+            lines.append(f"  recompile of {rc.function}: guard failed: {guard}")
+        for g in self.graphs:
+            top = ", ".join(f"{name} x{n}" for name, n in g.ops[:5])
+            lines.append(f"  graph {g.index}: {g.nodes} nodes, {g.seconds:.1f} s  [{top}]")
+        changed = [s for s in self.pass_stats if s.changed]
+        if changed:
+            lines.append("  passes:")
+            for s in changed:
+                what = ", ".join(f"{k} {v}" for k, v in sorted(s.changes.items()))
+                lines.append(
+                    f"    {s.name} on {s.graph}: {what} (nodes {s.nodes_before} -> {s.nodes_after})"
+                )
+        elif self.pass_stats:
+            lines.append(f"  passes: {len(self.pass_stats)} ran, none changed a graph")
+        return "\n".join(lines)
+
+
+@dataclass
+class CompileRecord:
+    """Mutable log of one compiled model, filled in by the backend and the runtime wrapper."""
+
+    graphs: list[GraphInfo] = field(default_factory=list)
+    graph_breaks: list[GraphBreak] = field(default_factory=list)
+    recompiles: list[Recompile] = field(default_factory=list)
+    pass_stats: list[PassStats] = field(default_factory=list)
+    fixes: list[str] = field(default_factory=list)
+    compile_seconds: float = 0.0
+    backend_seconds: float = 0.0
+    backend_calls: int = 0
+    fallback: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add_graph(self, shape: GraphShape, seconds: float) -> None:
+        """Log one captured graph (its :func:`graph_shape`) and the seconds it took to compile."""
+        nodes, ops, reason = shape
+        with self.lock:
+            self.graphs.append(
+                GraphInfo(len(self.graphs), nodes, tuple(ops.most_common(10)), seconds)
+            )
+            if reason is not None and getattr(reason, "graph_break", False):
+                self.graph_breaks.append(graph_break_from(reason))
+
+    def report(self) -> CompileReport:
+        with self.lock:
+            return CompileReport(
+                graphs=tuple(self.graphs),
+                graph_breaks=tuple(self.graph_breaks),
+                recompiles=tuple(self.recompiles),
+                compile_seconds=self.compile_seconds,
+                backend_seconds=self.backend_seconds,
+                pass_stats=tuple(self.pass_stats),
+                fixes=tuple(self.fixes),
+                fallback=self.fallback,
+            )
+
+
+GraphShape = tuple[int, "Counter[str]", Any]
+
+
+def graph_shape(gm: Any) -> GraphShape:
+    """Node count, op counts and Dynamo's compile reason of a captured graph."""
+    ops: Counter[str] = Counter(
+        _op_name(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")
+    )
+    return len(gm.graph.nodes), ops, getattr(gm, "compile_subgraph_reason", None)
+
+
+def _op_name(target: Any) -> str:
+    if isinstance(target, str):
+        return f".{target}"
+    return getattr(target, "__name__", None) or str(target)
+
+
+def graph_break_from(reason: Any) -> GraphBreak:
+    """A :class:`GraphBreak` from Dynamo's ``GraphCompileReason``."""
+    detail = str(reason.reason).strip()
+    first = _summary(detail)
+    frames = list(getattr(reason, "user_stack", []) or [])
+    location, source = "<unknown>", ""
+    if frames:
+        f = frames[-1]
+        location = f"{f.filename}:{f.lineno} in {f.name}"
+        source = (f.line or linecache.getline(f.filename, f.lineno or 0)).strip()
+    return GraphBreak(first, detail, location, source, suggest_fix(detail, frames))
+
+
+def _summary(detail: str) -> str:
+    lines = [ln.strip() for ln in detail.splitlines() if ln.strip()]
+    if not lines:
+        return "unknown reason"
+    head = lines[0]
+    for ln in lines[1:3]:
+        if ln.startswith("Explanation:"):
+            return f"{head}: {ln.removeprefix('Explanation:').strip()}"
+    return head
+
+
+# (pattern in Dynamo's reason or the user's frames, fix) -- first match wins
+_FIXES: tuple[tuple[str, str], ...] = (
+    (
+        r"loss_function|loss_type",
+        "Transformers logs a warning inside forward when model.loss_type is unset; set "
+        "model.loss_type (e.g. 'ForCausalLM') -- hasten.compile does this when it is safe",
+    ),
+    (
+        r"\bprint\b|logging|logger|warn",
+        "move the print/log/warning out of forward, or skip it while compiling: "
+        "`if not torch.compiler.is_compiling(): ...`",
+    ),
+    (
+        r"\.item\(\)|Tensor\.item|data-dependent|data dependent|\.tolist|nonzero|unbacked",
+        "a Python value is read from a tensor (.item()/.tolist()/bool(tensor)/data-dependent "
+        "shape): keep it as a tensor (torch.where instead of if), or allow it with "
+        "torch._dynamo.config.capture_scalar_outputs=True",
+    ),
+    (
+        r"disable|skip|forbidden",
+        "a function marked torch.compiler.disable (or a skipped file) is called: "
+        "move it out of the compiled region or remove the marker",
+    ),
+    (
+        r"numpy|np\.",
+        "NumPy on tensors leaves the graph: use the torch equivalent",
+    ),
+    (
+        r"generator|iter|yield",
+        "iterating a generator/iterator built outside the graph: build a list, or iterate "
+        "over modules/tensors directly",
+    ),
+)
+
+
+def suggest_fix(detail: str, frames: list[Any] | None = None) -> str:
+    """A suggested fix for a graph break, from its reason and the user's stack."""
+    text = (
+        detail
+        + "\n"
+        + "\n".join(
+            f"{getattr(f, 'name', '')} {getattr(f, 'line', '') or ''}" for f in frames or []
+        )
+    )
+    for pattern, fix in _FIXES:
+        if re.search(pattern, text):
+            return fix
+    return (
+        "move the unsupported call out of forward (or behind "
+        "`if not torch.compiler.is_compiling()`); see the reason above"
+    )

@@ -1,0 +1,243 @@
+"""Fixed-length epochs over a sifting loader, for trainers that plan their loops by ``len()``.
+
+A sifting pass over the data has a variable number of batches: it depends on how many samples the
+policy keeps, which is known only as the pass runs. The Hugging Face ``Trainer`` and Lightning
+both read ``len(train_dataloader)`` once, before training, and plan by it: the number of optimizer
+steps per epoch, where gradient accumulation ends, learning-rate schedules, the epoch at which
+to stop. Hand them a loader whose length is only an estimate and they cut a long pass short
+(the rest of its kept samples are silently never trained on) or run a short pass into an empty
+iterator (the last, partial gradient-accumulation step leaks into the next epoch).
+
+:class:`SiftedEpochs` removes the mismatch: it turns the sifting loader into an endless stream of
+sifted batches, one data pass after another, and cuts that stream into epochs of exactly
+``epoch_length`` batches::
+
+    data passes  |---- pass 0 ----|--- pass 1 ---|----- pass 2 -----|--- pass 3 ...
+    epochs       |--- epoch 0 ---|--- epoch 1 ---|--- epoch 2 ---|--- epoch 3 ...
+
+Every epoch has the length the trainer planned for, every kept sample is trained on, and a data
+pass that straddles two epochs simply continues. ``epoch_length`` defaults to the expected
+length of a pass at the configured keep rate (:func:`expected_batches`), so an epoch is about one
+data pass. Data passes are driven here: pass ``p`` calls ``loader.set_epoch(p)`` (which reaches a
+``DistributedSampler``) before it starts; the trainer's own epoch number is recorded, not
+forwarded.
+
+Under ``torch.distributed`` every rank must build the same ``SiftedEpochs`` (same config, same
+shard length): the epoch length is computed from the config, never from what a rank has kept, and
+checked across ranks once with one ``all_gather``. Batches go through one to one, so every rank
+pulls the same number of batches from the sifting loader, whose own collectives stay in step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from hasten.sifting.loader import SiftingDataloader
+
+__all__ = ["SiftedEpochs", "expected_batches"]
+
+
+def expected_batches(loader: SiftingDataloader, passes: int = 1, *, delay: bool = True) -> int:
+    """Batches that ``passes`` data passes of ``loader`` yield at the config's expected keep rate.
+
+    Counts the batches passed through unscored during the sift delay (from the start of training
+    when ``delay``, else none: the steady state) and the kept samples of the rest divided by the
+    batch size, per pass (the last batch of a pass rounds up, or down under ``drop_last``). Uses
+    the config's expected rate, never the observed one, so every rank gets the same number.
+
+    Raises:
+        TypeError: the wrapped loader has no length or no batch size.
+        ValueError: ``passes < 1``.
+    """
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ValueError(f"passes must be an int >= 1, got {passes!r}")
+    orig = loader.orig_dataloader
+    try:
+        n_in = len(orig)
+    except TypeError as err:
+        raise TypeError(
+            f"fixed-length epochs need the length of the wrapped loader, and "
+            f"{type(orig).__name__} has none (an IterableDataset without __len__?); give the "
+            "dataset a __len__, or train by steps and pass epoch_length=<batches per epoch>"
+        ) from err
+    batch = _batch_size(orig)
+    if batch is None:
+        raise TypeError(
+            "fixed-length epochs need the wrapped loader's batch size, and it has none (a custom "
+            "batch_sampler without batch_size?); pass epoch_length=<batches per epoch>"
+        )
+    samples = n_in * batch
+    batch_sampler = getattr(orig, "batch_sampler", None)
+    drop_last = bool(getattr(batch_sampler, "drop_last", getattr(orig, "drop_last", False)))
+    if not drop_last and type(batch_sampler) is torch.utils.data.BatchSampler:
+        with contextlib.suppress(TypeError):  # the last batch of a pass may be short
+            samples = len(batch_sampler.sampler)  # type: ignore[arg-type]
+    cfg = loader.sift_config
+    rate = float(getattr(cfg, "expected_keep_rate", 1.0))
+    delay_left = cfg.sift_delay if delay else 0
+    total = 0
+    for _ in range(passes):
+        if cfg.repeat_delay_per_epoch and delay:
+            delay_left = cfg.sift_delay
+        passed = min(delay_left, n_in)
+        delay_left -= passed
+        kept = rate * max(0, samples - passed * batch)
+        batches = math.floor(kept / batch + 1e-9) if drop_last else math.ceil(kept / batch - 1e-9)
+        total += passed + batches
+    return total
+
+
+def _batch_size(orig: Any) -> int | None:
+    # a DataLoader's own, else its batch sampler's (Accelerate's loaders keep it there)
+    for owner in (orig, getattr(orig, "batch_sampler", None)):
+        size = getattr(owner, "batch_size", None)
+        if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+            return size
+    return None
+
+
+class SiftedEpochs:
+    """A :class:`~hasten.sifting.SiftingDataloader` as epochs of exactly ``epoch_length`` batches.
+
+    See the module docstring for the picture. Iterating gives one epoch; ``len()`` is its exact
+    length. The data stream continues across epochs (and across ``for`` loops), so an epoch may
+    start in the middle of a data pass.
+
+    Args:
+        loader: The sifting loader. Its ``set_epoch`` is called here, once per data pass.
+        epoch_length: Batches per epoch. Default: the expected batches of one data pass,
+            averaged over the first ``passes`` passes (so ``passes`` epochs hold about as many
+            batches as ``passes`` data passes, sift delay included).
+        passes: How many data passes the default ``epoch_length`` averages over (e.g. the
+            trainer's number of epochs); 1 counts the first pass only.
+
+    Attributes:
+        loader: The sifting loader.
+        data_epoch: Index of the data pass in progress (or last finished); -1 before the first.
+        epoch: The last value given to :meth:`set_epoch` (the trainer's epoch), ``None`` before.
+    """
+
+    def __init__(
+        self, loader: SiftingDataloader, epoch_length: int | None = None, *, passes: int = 1
+    ) -> None:
+        if not isinstance(loader, SiftingDataloader):
+            raise TypeError(
+                f"SiftedEpochs wraps a hasten SiftingDataloader, got {type(loader).__name__}"
+            )
+        if epoch_length is None:
+            epoch_length = max(1, math.ceil(expected_batches(loader, passes) / passes))
+        elif isinstance(epoch_length, bool) or not isinstance(epoch_length, int):
+            raise TypeError(f"epoch_length must be an int, got {type(epoch_length).__name__}")
+        if epoch_length < 1:
+            raise ValueError(f"epoch_length must be >= 1, got {epoch_length}")
+        _check_same_on_all_ranks(epoch_length)
+        self.loader = loader
+        self.epoch_length = epoch_length
+        self.data_epoch = -1
+        self.epoch: int | None = None
+        self._it: Iterator[Any] | None = None  # the data pass in progress
+        self._yielded_in_pass = 0
+        self._token = 0
+
+    def __len__(self) -> int:
+        return self.epoch_length
+
+    def __iter__(self) -> Iterator[Any]:
+        self._token += 1
+        return self._epoch(self._token)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Record the trainer's epoch (data passes are numbered and seeded here, not by it)."""
+        self.epoch = epoch
+
+    @property
+    def stats(self) -> Any:
+        """The sifting loader's :class:`~hasten.sifting.stats.SiftingStats`."""
+        return self.loader.stats
+
+    def _epoch(self, token: int) -> Iterator[Any]:
+        for _ in range(self.epoch_length):
+            if token != self._token:
+                raise RuntimeError(
+                    "this SiftedEpochs iterator is stale: a newer `for` loop or load_state_dict "
+                    "took over the data stream; start a new `for` loop"
+                )
+            yield self._next()
+
+    def _next(self) -> Any:
+        empty_passes = 0
+        while True:
+            if self._it is None:
+                self.data_epoch += 1
+                self._yielded_in_pass = 0
+                self.loader.set_epoch(self.data_epoch)
+                self._it = iter(self.loader)
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                self._it = None
+                empty_passes = empty_passes + 1 if self._yielded_in_pass == 0 else 0
+                if empty_passes >= 2:
+                    raise RuntimeError(
+                        "the sifting loader yielded no batch in two data passes in a row (an empty "
+                        "dataset, or a policy that keeps nothing under drop_last=True); fixed-length "
+                        "epochs cannot be filled"
+                    ) from None
+                continue
+            self._yielded_in_pass += 1
+            return batch
+
+    # ------------------------------------------------------------------ checkpointing
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sifting loader's state (mid-pass included) and the stream's position."""
+        return {
+            "loader": self.loader.state_dict(),
+            "data_epoch": self.data_epoch,
+            "in_pass": self._it is not None,
+            "yielded_in_pass": self._yielded_in_pass,
+            "epoch_length": self.epoch_length,
+            "epoch": self.epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; the next batch is the one that would have come next."""
+        if state["epoch_length"] != self.epoch_length:
+            raise ValueError(
+                f"the checkpoint's epochs have {state['epoch_length']} batches, this SiftedEpochs "
+                f"has {self.epoch_length}; build it with epoch_length={state['epoch_length']}"
+            )
+        self.loader.load_state_dict(state["loader"])
+        self.data_epoch = state["data_epoch"]
+        self._yielded_in_pass = state["yielded_in_pass"]
+        self.epoch = state["epoch"]
+        self._token += 1
+        # mid-pass: a new iterator over the loader finishes the interrupted pass
+        self._it = iter(self.loader) if state["in_pass"] else None
+
+    def __repr__(self) -> str:
+        return f"SiftedEpochs({self.loader!r}, epoch_length={self.epoch_length})"
+
+
+def _check_same_on_all_ranks(value: int) -> None:
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    )
+    mine = torch.tensor([value], dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    values = [int(t.item()) for t in every]  # HOST SYNC: once, at construction
+    if len(set(values)) > 1:
+        raise ValueError(
+            f"ranks disagree on the epoch length ({values}): every rank must build the sifting "
+            "loader with the same config and an equal shard (a DistributedSampler), or pass the "
+            "same epoch_length everywhere; otherwise DistributedDataParallel would hang"
+        )

@@ -1,0 +1,107 @@
+"""Sifting statistics as flat ``{name: number}`` dicts for trainer loggers.
+
+Both trainer callbacks (Hugging Face's :class:`~hasten.integrations.transformers.SiftingCallback`
+and Lightning's :class:`~hasten.integrations.lightning.TrainingMetricsRecorder`) log what
+:func:`sifting_metrics` returns. Under ``torch.distributed`` the sample counts are summed over
+ranks with one ``all_reduce`` (so ``keep_rate`` is the global rate, not rank 0's); call it on every
+rank at the same step, as trainers do with their own logging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from hasten.sifting.loader import SiftingDataloader
+
+__all__ = ["find_sifting_loader", "sifting_metrics"]
+
+_COUNTS = (
+    "num_orig_samples_seen",
+    "num_orig_samples_scored",
+    "num_orig_samples_kept",
+    "num_orig_samples_sifted_out",
+    "num_samples_yielded",
+    "num_samples_dropped_at_epoch_end",
+    "num_nonfinite_losses",
+)
+
+
+def find_sifting_loader(obj: Any, _depth: int = 0) -> SiftingDataloader | None:
+    """The :class:`SiftingDataloader` in ``obj``: the loader itself, a wrapper holding it as
+    ``.loader`` (:class:`~hasten.integrations.epochs.SiftedEpochs`), or one inside a mapping or
+    sequence of loaders (Lightning's combined loaders). ``None`` when there is none."""
+    if isinstance(obj, SiftingDataloader):
+        return obj
+    if _depth > 3 or obj is None:
+        return None
+    inner = getattr(obj, "loader", None)
+    if isinstance(inner, SiftingDataloader):
+        return inner
+    flattened = getattr(obj, "flattened", None)  # lightning's CombinedLoader
+    if isinstance(flattened, list):
+        obj = flattened
+    if isinstance(obj, Mapping):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = find_sifting_loader(item, _depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def sifting_metrics(
+    loader: SiftingDataloader, prefix: str = "sift/", *, all_ranks: bool = True
+) -> dict[str, float]:
+    """The loader's statistics, flat, with ``prefix`` on each name.
+
+    Names: ``keep_rate`` (kept / scored, over all ranks when ``all_ranks``; absent before any
+    scoring), ``samples_seen``, ``samples_scored``, ``samples_kept``, ``samples_sifted_out``,
+    ``samples_dropped`` (kept but never yielded: ``drop_last`` or rank balancing), ``nonfinite_losses``
+    (all summed over ranks when ``all_ranks``), and this rank's ``data_epoch`` (data passes begun,
+    counting from 0), ``scoring_share`` and ``sifting_share`` (fractions of the loader's wall time
+    spent in the scoring forward and in sifting's own work).
+
+    Args:
+        loader: The sifting loader.
+        prefix: Put before every name.
+        all_ranks: Sum the counts over ``torch.distributed`` ranks (one ``all_reduce``; every rank
+            must call this at the same point). Ignored outside ``torch.distributed``.
+    """
+    s = loader.stats
+    counts = [float(getattr(s, name)) for name in _COUNTS]
+    if all_ranks:
+        counts = _sum_over_ranks(counts)
+    seen, scored, kept, sifted_out, _, dropped, bad = counts
+    out = {
+        "samples_seen": seen,
+        "samples_scored": scored,
+        "samples_kept": kept,
+        "samples_sifted_out": sifted_out,
+        "samples_dropped": dropped,
+        "nonfinite_losses": bad,
+        "data_epoch": float(max(loader._epoch, 0)),
+    }
+    if scored > 0:
+        out["keep_rate"] = (scored - sifted_out) / scored
+    for name in ("scoring_share", "sifting_share"):
+        value = getattr(s, name)
+        if value is not None:
+            out[name] = float(value)
+    return {f"{prefix}{k}": v for k, v in out.items()}
+
+
+def _sum_over_ranks(values: Iterable[float]) -> list[float]:
+    values = list(values)
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return values
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    )
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()  # HOST SYNC: once per logging step

@@ -1,0 +1,229 @@
+"""hasten.compile end to end (Inductor included, so slow): in place, same state_dict, picklable,
+the backend by name, explain() on a planted graph break, the recompile guard."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import hasten
+from hasten.compiler.runtime import RecompileWarning
+
+pytestmark = pytest.mark.slow
+
+# fp32, Inductor vs eager on tiny fp32 models: reordered reductions only
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+
+
+@pytest.fixture(scope="module")
+def compiled_mlp():
+    torch._dynamo.reset()
+    model = _mlp()
+    keys = list(model.state_dict())
+    returned = hasten.compile(model)
+    x = torch.randn(5, 8)
+    out = model(x)
+    out.sum().backward()
+    return model, returned, keys, x
+
+
+def test_compile_returns_the_same_object_with_the_same_state_dict_keys(compiled_mlp):
+    model, returned, keys, _ = compiled_mlp
+    assert returned is model
+    assert type(model) is nn.Sequential
+    assert list(model.state_dict()) == keys
+    assert not any(k.startswith("_orig_mod") for k in model.state_dict())
+
+
+def test_compiled_matches_eager_and_actually_compiled(compiled_mlp):
+    model, _, _, x = compiled_mlp
+    eager = _mlp()
+    eager.load_state_dict(model.state_dict())
+    torch.testing.assert_close(model(x), eager(x), rtol=RTOL, atol=ATOL)
+    rep = hasten.compiler.compile_report(model)
+    assert rep.graph_count == 1  # nn.Sequential really is compiled (Module.compile() would not)
+    assert rep.fallback is None
+
+
+def test_compiled_model_pickles_saves_and_loads_as_a_plain_model(compiled_mlp):
+    model, _, _, x = compiled_mlp
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    restored = pickle.loads(pickle.dumps(model))
+    for copy_ in (loaded, restored):
+        assert copy_._compiled_call_impl is None  # an ordinary eager module
+        torch.testing.assert_close(copy_(x), model(x), rtol=RTOL, atol=ATOL)
+    fresh = _mlp()
+    fresh.load_state_dict(torch.load(io.BytesIO(_state_bytes(model))))
+    torch.testing.assert_close(fresh(x), model(x), rtol=RTOL, atol=ATOL)
+
+
+def _state_bytes(model: nn.Module) -> bytes:
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    return buf.getvalue()
+
+
+def test_backend_is_registered_by_name():
+    assert "hasten" in torch._dynamo.list_backends()
+    model = _mlp()
+    x = torch.randn(3, 8)
+    compiled = torch.compile(model, backend="hasten")
+    torch.testing.assert_close(compiled(x), model(x), rtol=RTOL, atol=ATOL)
+    compiled_opts = torch.compile(
+        _mlp(), backend="hasten", options={"passes": {"attention_to_sdpa": False}}
+    )
+    torch.testing.assert_close(compiled_opts(x), model(x), rtol=RTOL, atol=ATOL)
+
+
+class PlantedBreak(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        print("planted graph break")  # the line explain() must point at
+        return self.b(h).relu()
+
+
+def test_explain_reports_a_planted_graph_break_with_its_source_line(capsys):
+    model = PlantedBreak()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rep = hasten.explain(model, torch.randn(2, 4))
+    assert rep.graph_count == 2
+    (gb,) = rep.graph_breaks
+    assert "print" in gb.reason
+    assert gb.location.startswith(__file__)
+    assert gb.source == 'print("planted graph break")  # the line explain() must point at'
+    assert "print" in gb.suggestion
+    assert rep.compile_seconds > 0
+    text = str(rep)
+    assert "graph break 1" in text and "planted graph break" in text
+    assert all(p.grad is None for p in model.parameters())  # the model itself is untouched
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+class PythonCounter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        return self.lin(x) * scale
+
+
+def test_recompile_guard_warns_with_the_failing_guard():
+    torch._dynamo.reset()
+    model = hasten.compile(PythonCounter(), dynamic=False, warn_recompiles=2)
+    x = torch.randn(2, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for scale in (1.0, 2.0, 3.0):  # a changing Python float is guarded on: recompiles
+            model(x, scale)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, RecompileWarning)]
+    assert len(msgs) == 1, msgs
+    assert "recompiled 2 times" in msgs[0] and "args[1] == " in msgs[0]
+    assert "hasten_forward_PythonCounter" in msgs[0]
+    rep = hasten.compiler.compile_report(model)
+    assert len(rep.recompiles) == 2
+    assert all("args[1]" in r.guard for r in rep.recompiles)
+
+
+def test_recompile_limit_warns_that_torch_falls_back_to_eager():
+    torch._dynamo.reset()
+    model = hasten.compile(PythonCounter(), dynamic=False, warn_recompiles=0)
+    x = torch.randn(2, 4)
+    with (
+        torch._dynamo.config.patch(recompile_limit=2),
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always")
+        for scale in (1.0, 2.0, 3.0, 4.0):
+            out = model(x, scale)
+    torch.testing.assert_close(out, model.lin(x) * 4.0, rtol=RTOL, atol=ATOL)  # still right
+    msgs = [str(w.message) for w in caught if issubclass(w.category, RecompileWarning)]
+    assert any("recompile limit (2)" in m and "runs it eagerly" in m for m in msgs), msgs
+
+
+def test_post_grad_passes_run_through_inductors_hook_and_keep_the_cache_warm(monkeypatch):
+    from torch._dynamo.utils import counters
+
+    from hasten.compiler.passes import registry
+
+    seen: list[int] = []
+
+    def count_nodes(gm, example_inputs):
+        seen.append(len(gm.graph.nodes))
+        registry.record("graphs_seen")
+        return gm
+
+    entry = registry.GraphPass("count_nodes", "post_grad", count_nodes, True, "test only")
+    monkeypatch.setitem(registry._REGISTRY, "count_nodes", entry)
+
+    def run() -> hasten.compiler.report.CompileReport:
+        torch._dynamo.reset()
+        model = hasten.compile(nn.Sequential(nn.Linear(3, 5), nn.Tanh()))
+        model(torch.randn(4, 3)).sum().backward()
+        return hasten.compiler.compile_report(model)
+
+    first = run()
+    assert len(seen) == 2  # forward and backward graph, through post_grad_custom_pre_pass
+    stats = [s for s in first.pass_stats if s.name == "count_nodes"]
+    assert [s.changes["graphs_seen"] for s in stats] == [1, 1]
+    counters.clear()
+    run()  # same graphs, same pass sources: Inductor's caches must hit, so the pass is not rerun
+    hits = (
+        counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+    )
+    assert hits >= 1, dict(counters["inductor"])
+    assert len(seen) == 2
+
+
+def test_ddp_of_sequential_really_compiles(tmp_path):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch._dynamo.reset()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        inner = _mlp()
+        ddp = DDP(inner)
+        assert hasten.compile(ddp) is ddp
+        x = torch.randn(5, 8)
+        out = ddp(x)
+        out.sum().backward()
+        rep = hasten.compiler.compile_report(ddp)
+        assert rep.graph_count == 1  # torch.compile(DDP(nn.Sequential)) would capture none
+        assert any("DistributedDataParallel(Sequential)" in f for f in rep.fixes)
+        assert inner[0].weight.grad is not None
+        torch.testing.assert_close(out, _mlp()(x), rtol=RTOL, atol=ATOL)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_many_compiled_models_in_one_process_do_not_share_a_recompile_budget():
+    torch._dynamo.reset()
+    x = torch.randn(3, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        models = [hasten.compile(_mlp()) for _ in range(10)]  # more than the limit of 8
+        for m in models:
+            m(x)
+    assert not [w for w in caught if issubclass(w.category, RecompileWarning)]
+    for m in models:
+        rep = hasten.compiler.compile_report(m)
+        assert rep.graph_count == 1 and not rep.recompiles

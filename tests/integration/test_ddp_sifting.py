@@ -1,0 +1,132 @@
+"""``torchrun --nproc_per_node=2`` on CPU (gloo): sifting under DistributedDataParallel."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+ROOT = Path(__file__).parents[2]
+
+
+def torchrun(script: str, out: Path, timeout: float, nproc: int = 2) -> list[dict]:
+    """Run ``script`` on ``nproc`` CPU ranks; a hang fails the test at ``timeout`` seconds.
+
+    ``--standalone`` binds the rendezvous store to a port the OS assigns at bind time. A port
+    picked free beforehand (``--master-port``) can be taken by another process in between, which
+    on a machine shared with other test runs is not hypothetical.
+    """
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--standalone",
+        str(SCRIPTS / script),
+        str(out),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    try:
+        proc = subprocess.run(
+            cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"torchrun did not finish in {timeout} s (a hang?):\n{err.stderr}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_keeping_very_different_fractions_finish_every_epoch(tmp_path):
+    ranks = torchrun("ddp_sift.py", tmp_path, timeout=180)
+    r0, r1 = ranks
+
+    # very different keep fractions: rank 0 about a quarter, rank 1 nearly everything
+    keep = [r["stats"]["keep_rate"] for r in ranks]
+    assert keep[0] < 0.4 and keep[1] > 0.9, keep
+
+    # every epoch finished on both ranks with the same number of batches (the DDP backward
+    # in each step would have hung otherwise), full batches but for the last
+    for e in range(3):
+        n0, n1 = (len(r["full"]["epochs"][e]["sizes"]) for r in ranks)
+        assert n0 == n1 > 0, (e, n0, n1)
+        for r in ranks:
+            sizes, ids = r["full"]["epochs"][e]["sizes"], r["full"]["epochs"][e]["ids"]
+            assert all(s == 8 for s in sizes[:-1])
+            assert len(ids) == len(set(ids))  # nothing twice within an epoch
+    # the ranks saw disjoint shards of the data (DistributedSampler)
+    for e in range(3):
+        assert not set(r0["full"]["epochs"][e]["ids"]) & set(r1["full"]["epochs"][e]["ids"])
+    # the generous rank's rows above the common count were dropped and counted, never lost
+    s1 = r1["stats"]
+    assert s1["num_samples_dropped_at_epoch_end"] > 0
+    assert s1["num_orig_samples_kept"] == (
+        s1["num_samples_yielded"] + s1["num_samples_dropped_at_epoch_end"]
+    )
+
+    # set_epoch reached the DistributedSampler: each epoch ran with its own epoch (and order)
+    for r in ranks:
+        assert r["full"]["sampler_epochs"] == [[0, 0], [1, 1], [2, 2]]
+        orders = [r["full"]["epochs"][e]["ids"][:8] for e in range(3)]
+        assert orders[0] != orders[1] != orders[2]
+
+    # a per-rank checkpoint mid-epoch resumes each rank exactly where it was
+    for r in ranks:
+        assert r["stopped"]
+        assert r["resumed"]["epochs"] == r["full"]["epochs"]
+        assert r["resumed"]["sampler_epochs"][-2:] == [[1, 1], [2, 2]]
+        assert r["resumed_stats"]["num_orig_samples_kept"] == r["stats"]["num_orig_samples_kept"]
+
+    # fixed-length epochs (the trainer integrations): every epoch its planned length on both
+    # ranks, data passes crossed in step; the logged counts are the sum over ranks
+    for r in ranks:
+        assert r["stream_counts"] == [r["stream_length"]] * 4
+        assert r["stream_data_epoch"] >= 2
+    summed = [k for k in r0["metrics"] if not k.endswith("_share")]  # shares are per rank
+    assert {k: r0["metrics"][k] for k in summed} == {k: r1["metrics"][k] for k in summed}
+    seen = sum(r["own_stats"]["num_orig_samples_seen"] for r in ranks)
+    assert r0["metrics"]["sift/samples_seen"] == seen
+    scored = sum(r["own_stats"]["num_orig_samples_scored"] for r in ranks)
+    sifted_out = sum(r["own_stats"]["num_orig_samples_sifted_out"] for r in ranks)
+    assert r0["metrics"]["sift/keep_rate"] == pytest.approx((scored - sifted_out) / scored)
+
+
+@pytest.mark.slow
+def test_fsdp2_trains_on_sifted_batches_like_a_replica(tmp_path):
+    ranks = torchrun("fsdp_sift.py", tmp_path, timeout=180)
+    assert ranks[0]["counts"] == ranks[1]["counts"]
+    assert all(n > 0 for n in ranks[0]["counts"])
+    for r in ranks:
+        assert r["stats"]["num_batches_scored"] > 0 and 0 < r["stats"]["keep_rate"] < 1
+        # fp32, ~20 SGD steps of a 2-layer MLP: only summation order differs
+        assert r["max_abs_diff"] < 1e-5, r["max_abs_diff"]
+
+
+@pytest.mark.slow
+def test_hf_trainer_with_sifting_under_torchrun(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    ranks = torchrun("ddp_hf_trainer.py", tmp_path, timeout=240)
+    r0, r1 = ranks
+    keep = [r["stats"]["keep_rate"] for r in ranks]
+    assert keep[0] < 0.8 and keep[1] == 1.0, keep  # rank 1's planted losses keep everything
+    for r in ranks:
+        assert r["global_step"] == 6  # max_steps reached on both ranks: no hang
+        assert len(r["trained"]) == 12  # 6 steps x 2 accumulated micro-batches, on each rank
+        assert all(len(b) == 4 for b in r["trained"])
+    assert r0["epoch_length"] == r1["epoch_length"]
+    # Accelerate sharded the data before sifting: the ranks trained on different samples
+    first = [{i for b in r["trained"][:4] for i in b} for r in ranks]
+    assert not first[0] & first[1]
+    # the logged statistics are global: counts summed over both ranks, the same on each
+    counts = [k for k in r0["logged"] if k.startswith("sift/") and not k.endswith("_share")]
+    assert {k: r0["logged"][k] for k in counts} == {k: r1["logged"][k] for k in counts}
+    seen = sum(r["stats"]["num_orig_samples_seen"] for r in ranks)
+    assert r0["logged"]["sift/samples_seen"] <= seen
+    assert min(keep) < r0["logged"]["sift/keep_rate"] < max(keep)

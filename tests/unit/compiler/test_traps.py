@@ -1,0 +1,83 @@
+"""Known traps are found, fixed when the fix is exact, and named (no compiling here)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from hasten.compiler.traps import apply_fixes, unwrap_data_parallel
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+
+def _gpt2() -> nn.Module:
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def test_gpt2_loss_type_is_set_to_the_default_it_falls_back_to():
+    model = _gpt2()
+    assert model.loss_type is None  # the trap: unset, so forward logs a warning (graph break)
+    ids = torch.randint(0, 32, (2, 8))
+    torch.manual_seed(0)
+    before = model(input_ids=ids, labels=ids).loss
+    notes = apply_fixes(model)
+    assert model.loss_type == "ForCausalLM"
+    assert any("loss_type" in n for n in notes)
+    torch.manual_seed(0)
+    after = model(input_ids=ids, labels=ids).loss
+    torch.testing.assert_close(after, before, rtol=0, atol=0)  # exactly the same loss
+    assert set(model.state_dict()) == set(_gpt2().state_dict())
+
+
+def test_trap_is_only_named_when_fixing_is_off():
+    model = _gpt2()
+    notes = apply_fixes(model, fix=False)
+    assert model.loss_type is None
+    assert any("set model.loss_type='ForCausalLM'" in n for n in notes)
+
+
+def test_kv_cache_in_training_is_named_not_changed():
+    model = _gpt2().train()
+    notes = apply_fixes(model)
+    assert any("use_cache" in n for n in notes)
+    assert model.config.use_cache is True
+
+
+def test_recognised_loss_type_and_plain_modules_are_left_alone():
+    bert = transformers.BertForSequenceClassification(
+        transformers.BertConfig(
+            num_hidden_layers=1,
+            hidden_size=16,
+            num_attention_heads=2,
+            intermediate_size=32,
+            vocab_size=32,
+        )
+    )
+    assert apply_fixes(bert) == []
+    assert apply_fixes(nn.Sequential(nn.Linear(2, 2))) == []
+
+
+def test_nested_transformers_model_reported_once():
+    outer = nn.Sequential(_gpt2())
+    notes = [n for n in apply_fixes(outer) if "loss_type" in n]
+    assert len(notes) == 1 and notes[0].startswith("0 (GPT2LMHeadModel)")
+
+
+def test_ddp_wrapped_module_is_unwrapped_for_compiling(tmp_path):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        inner = nn.Sequential(nn.Linear(4, 4))
+        target, note = unwrap_data_parallel(DDP(inner))
+        assert target is inner
+        assert note is not None and "nn.Sequential" in note
+        assert unwrap_data_parallel(inner) == (inner, None)
+    finally:
+        dist.destroy_process_group()

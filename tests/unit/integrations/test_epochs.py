@@ -1,0 +1,148 @@
+"""SiftedEpochs: exact epoch lengths over an endless stream of sifted data passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hasten.integrations import SiftedEpochs, expected_batches, find_sifting_loader, sifting_metrics
+from hasten.sifting import SiftingDataloader
+from tests.unit.sifting._helpers import (
+    PlantedDataset,
+    ids_of,
+    planted_loss,
+    sift_config,
+    tiny_model,
+)
+
+
+def _sifted(n=96, bs=8, beta=1.0, delay=0, drop_last=False, seed=0, repeat=False):
+    orig = DataLoader(
+        PlantedDataset(n),
+        batch_size=bs,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+        drop_last=drop_last,
+    )
+    cfg = sift_config(beta=beta, delay=delay, repeat=repeat)
+    return SiftingDataloader(cfg, orig, model=tiny_model(), loss_impl=planted_loss, seed=seed)
+
+
+def test_expected_batches_counts_delay_then_kept_rate():
+    sifted = _sifted(n=96, bs=8, beta=1.0, delay=4)  # 12 batches a pass, keep 1/2
+    # pass 0: 4 passed through + 0.5 * 64 / 8 = 4 -> 8; pass 1: 0.5 * 96 / 8 = 6
+    assert expected_batches(sifted, 1) == 8
+    assert expected_batches(sifted, 2) == 14
+    assert expected_batches(sifted, 1, delay=False) == 6
+    repeat = _sifted(n=96, bs=8, beta=1.0, delay=4, repeat=True)
+    assert expected_batches(repeat, 2) == 16
+    with pytest.raises(ValueError, match="passes"):
+        expected_batches(sifted, 0)
+
+
+def test_expected_batches_rounds_the_short_last_batch():
+    # 100 samples, batch 8: 13 batches, the last of 4; beta 3 keeps 1/4 -> 25 samples
+    assert expected_batches(_sifted(n=100, bs=8, beta=3.0)) == 4  # ceil(25 / 8)
+    assert expected_batches(_sifted(n=100, bs=8, beta=3.0, drop_last=True)) == 3  # floor(24 / 8)
+
+
+def test_epochs_have_exact_length_and_stream_every_kept_sample_once_per_pass():
+    sifted = _sifted(n=96, bs=8, beta=1.0)
+    stream = SiftedEpochs(sifted, epoch_length=5)
+    seen_per_pass: dict[int, list[int]] = {}
+    for _ in range(7):
+        n = 0
+        for batch in stream:
+            n += 1
+            seen_per_pass.setdefault(stream.data_epoch, []).extend(ids_of(batch))
+        assert n == len(stream) == 5
+    assert stream.data_epoch >= 4  # 35 batches of ~6 per pass
+    for ids in list(seen_per_pass.values())[:-1]:  # finished passes
+        assert len(ids) == len(set(ids))  # no sample twice within a pass
+    # nothing lost at the epoch cuts: every kept sample of a finished pass was yielded
+    assert sifted.stats.num_samples_dropped_at_epoch_end == 0
+    s = sifted.stats
+    assert s.num_orig_samples_kept == s.num_samples_yielded + sifted._buffer.count
+
+
+def test_passes_are_seeded_by_the_stream_not_by_the_trainer_epoch():
+    calls = []
+    sifted = _sifted()
+    orig_set_epoch = sifted.set_epoch
+    sifted.set_epoch = lambda e: (calls.append(e), orig_set_epoch(e))  # type: ignore[method-assign]
+    stream = SiftedEpochs(sifted, epoch_length=10)
+    stream.set_epoch(7)  # what a trainer does; must not reorder the data pass in progress
+    list(stream)
+    stream.set_epoch(8)
+    list(stream)
+    assert stream.epoch == 8
+    assert calls == list(range(len(calls))) and len(calls) >= 3
+
+
+def test_default_length_averages_the_delay_over_passes():
+    sifted = _sifted(n=96, bs=8, beta=1.0, delay=4)
+    assert len(SiftedEpochs(sifted)) == 8
+    assert len(SiftedEpochs(sifted, passes=2)) == 7
+
+
+def test_resume_mid_epoch_continues_the_same_stream():
+    def run(stop_after=None):
+        sifted = _sifted(n=64, bs=8, beta=1.0, seed=3)
+        stream = SiftedEpochs(sifted, epoch_length=3)
+        out = []
+        for epoch in range(4):
+            for i, batch in enumerate(stream):
+                out.append(ids_of(batch))
+                if stop_after == (epoch, i):
+                    return out, stream.state_dict()
+        return out, None
+
+    full, _ = run()
+    head, state = run(stop_after=(1, 1))
+    sifted = _sifted(n=64, bs=8, beta=1.0, seed=3)
+    resumed = SiftedEpochs(sifted, epoch_length=3)
+    resumed.load_state_dict(state)
+    tail = []
+    it = iter(resumed)
+    tail.append(ids_of(next(it)))  # the rest of epoch 1
+    for _epoch in range(2):
+        tail.extend(ids_of(b) for b in resumed)
+    assert head + tail == full
+
+
+def test_bad_arguments_are_named():
+    sifted = _sifted()
+    with pytest.raises(TypeError, match="SiftingDataloader"):
+        SiftedEpochs(DataLoader(PlantedDataset(8)))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="epoch_length"):
+        SiftedEpochs(sifted, epoch_length=0)
+    with pytest.raises(TypeError, match="epoch_length"):
+        SiftedEpochs(sifted, epoch_length=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="epoch_length=3"):
+        SiftedEpochs(sifted, epoch_length=4).load_state_dict(
+            SiftedEpochs(_sifted(), epoch_length=3).state_dict()
+        )
+
+
+def test_empty_data_raises_instead_of_spinning():
+    orig = DataLoader(PlantedDataset(0), batch_size=4)
+    sifted = SiftingDataloader(sift_config(), orig, model=tiny_model(), loss_impl=planted_loss)
+    with pytest.raises(RuntimeError, match="no batch in two data passes"):
+        list(SiftedEpochs(sifted, epoch_length=2))
+
+
+def test_metrics_and_finder():
+    sifted = _sifted(n=64, bs=8, beta=1.0)
+    stream = SiftedEpochs(sifted, epoch_length=2)
+    assert find_sifting_loader(stream) is sifted
+    assert find_sifting_loader({"a": [DataLoader(PlantedDataset(4)), stream]}) is sifted
+    assert find_sifting_loader([DataLoader(PlantedDataset(4))]) is None
+    before = sifting_metrics(sifted)
+    assert "sift/keep_rate" not in before and before["sift/samples_seen"] == 0
+    list(stream)
+    m = sifting_metrics(sifted, prefix="s.")
+    s = sifted.stats
+    assert m["s.samples_seen"] == s.num_orig_samples_seen > 0
+    assert m["s.keep_rate"] == pytest.approx(s.keep_rate)
+    assert m["s.data_epoch"] == 0
