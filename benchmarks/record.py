@@ -59,12 +59,15 @@ CONFIGS: dict[str, list[str]] = {
         "--plot",
         str(RESULTS / "compile-gpu-base.png"),
     ],
-    # Data efficiency: full vs SageMaker's rule vs compute-matched, 10 paired seeds.
+    # Data efficiency: full vs SageMaker's rule vs compute-matched, 10 paired seeds, each task
+    # trained to the knee of its learning curve (the same budgets as sift-policies).
     "sift": [
         "bench",
         "sift",
         "--datasets",
         "digits,mnist1d,text",
+        "--epochs",
+        "digits=20,mnist1d=40,text=6",
         "--seeds",
         "10",
         "--beta",
