@@ -46,6 +46,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _epochs(text: str) -> int | dict[str, int]:
+    """``40`` (every task) or ``mnist1d=40,text=6`` (per task)."""
+    if "=" not in text:
+        return _positive_int(text)
+    out: dict[str, int] = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if not name.strip() or not value.strip():
+            raise argparse.ArgumentTypeError(f"expected TASK=EPOCHS, got {item!r}")
+        out[name.strip()] = _positive_int(value.strip())
+    return out
+
+
 def _choices(allowed: Sequence[str]) -> Callable[[str], str]:
     def check(text: str) -> str:
         if text not in allowed:
@@ -215,9 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--policies",
         type=_csv(str),
         default=["sagemaker"],
-        help="policy families to compare with full data (default sagemaker; none: baseline only)",
+        help="policy families to compare with full data: sagemaker (default), unbiased, stale "
+        "(hasten's pruning sampler, no extra forward); none: baseline only",
     )
-    sift.add_argument("--epochs", type=_positive_int, help="override every task's epoch budget")
+    sift.add_argument(
+        "--epochs",
+        type=_epochs,
+        help="override the epoch budget: N for every task, or TASK=N,... (e.g. mnist1d=40)",
+    )
     sift.add_argument(
         "--history", type=_positive_int, default=500, help="loss_history_length (default 500)"
     )
