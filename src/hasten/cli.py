@@ -131,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=_positive_int, help="epoch budget (schedule length)")
     demo.add_argument("--precision", choices=("fp32", "bf16"), help="hasten.compile precision")
     demo.add_argument(
+        "--sift-policy",
+        choices=("pruning", "sagemaker"),
+        help="sifting runs: 'pruning' (default; SageMaker's rule on the training step's own "
+        "losses, no extra forward) or 'sagemaker' (SiftingDataloader, an extra scoring forward)",
+    )
+    demo.add_argument(
         "--runs",
         type=_csv(_demo_run),
         default=list(VARIANTS),
@@ -284,6 +290,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             "target": args.target,
             "epochs": args.epochs,
             "precision": args.precision,
+            "sift_policy": args.sift_policy,
         }.items()
         if v is not None
     }
