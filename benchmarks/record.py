@@ -59,12 +59,15 @@ CONFIGS: dict[str, list[str]] = {
         "--plot",
         str(RESULTS / "compile-gpu-base.png"),
     ],
-    # Data efficiency: full vs SageMaker's rule vs compute-matched, 10 paired seeds.
+    # Data efficiency: full vs SageMaker's rule vs compute-matched, 10 paired seeds, each task
+    # trained to the knee of its learning curve (the same budgets as sift-policies).
     "sift": [
         "bench",
         "sift",
         "--datasets",
         "digits,mnist1d,text",
+        "--epochs",
+        "digits=20,mnist1d=40,text=6",
         "--seeds",
         "10",
         "--beta",
@@ -75,6 +78,28 @@ CONFIGS: dict[str, list[str]] = {
         str(RESULTS / "sift.json"),
         "--plot",
         str(RESULTS / "sift.png"),
+    ],
+    # Pruning policies (zero extra forward) vs SageMaker's rule vs full and compute-matched data,
+    # each task at the knee of its learning curve (digits 20, MNIST-1D 40, text 6 epochs).
+    "sift-policies": [
+        "bench",
+        "sift",
+        "--datasets",
+        "digits,mnist1d,text",
+        "--epochs",
+        "digits=20,mnist1d=40,text=6",
+        "--seeds",
+        "10",
+        "--policies",
+        "sagemaker,unbiased,stale",
+        "--beta",
+        "1,6",
+        "--threads",
+        "1",
+        "--json",
+        str(RESULTS / "sift-policies.json"),
+        "--plot",
+        str(RESULTS / "sift-policies.png"),
     ],
     # The README's demo: table + plot.
     "demo": ["demo", "--out", str(RESULTS / "demo")],

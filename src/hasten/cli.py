@@ -46,6 +46,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _epochs(text: str) -> int | dict[str, int]:
+    """``40`` (every task) or ``mnist1d=40,text=6`` (per task)."""
+    if "=" not in text:
+        return _positive_int(text)
+    out: dict[str, int] = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if not name.strip() or not value.strip():
+            raise argparse.ArgumentTypeError(f"expected TASK=EPOCHS, got {item!r}")
+        out[name.strip()] = _positive_int(value.strip())
+    return out
+
+
 def _choices(allowed: Sequence[str]) -> Callable[[str], str]:
     def check(text: str) -> str:
         if text not in allowed:
@@ -117,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--target", type=float, help="test accuracy to reach, e.g. 0.9")
     demo.add_argument("--epochs", type=_positive_int, help="epoch budget (schedule length)")
     demo.add_argument("--precision", choices=("fp32", "bf16"), help="hasten.compile precision")
+    demo.add_argument(
+        "--sift-policy",
+        choices=("pruning", "sagemaker"),
+        help="sifting runs: 'pruning' (default; SageMaker's rule on the training step's own "
+        "losses, no extra forward) or 'sagemaker' (SiftingDataloader, an extra scoring forward)",
+    )
     demo.add_argument(
         "--runs",
         type=_csv(_demo_run),
@@ -215,9 +234,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--policies",
         type=_csv(str),
         default=["sagemaker"],
-        help="policy families to compare with full data (default sagemaker; none: baseline only)",
+        help="policy families to compare with full data: sagemaker (default), unbiased, stale "
+        "(hasten's pruning sampler, no extra forward); none: baseline only",
     )
-    sift.add_argument("--epochs", type=_positive_int, help="override every task's epoch budget")
+    sift.add_argument(
+        "--epochs",
+        type=_epochs,
+        help="override the epoch budget: N for every task, or TASK=N,... (e.g. mnist1d=40)",
+    )
     sift.add_argument(
         "--history", type=_positive_int, default=500, help="loss_history_length (default 500)"
     )
@@ -266,6 +290,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             "target": args.target,
             "epochs": args.epochs,
             "precision": args.precision,
+            "sift_policy": args.sift_policy,
         }.items()
         if v is not None
     }

@@ -28,7 +28,9 @@ def test_demo_quick_writes_table_plot_and_json(tmp_path, capsys):
     assert ("skipped" in rows["hasten.compile"]) == bool(compiler_missing)
     assert ("skipped" in rows["sifting"]) == bool(sifting_missing)
     if not sifting_missing:
-        assert rows["sifting"]["samples_scored"] > 0
+        # the default sifting feeds the training step's own losses back: no scoring forward
+        assert rows["sifting"]["samples_scored"] == 0
+        assert result["runs"]["sifting"]["info"]["config"]["policy"] == "stale_relative"
     if not compiler_missing:
         assert rows["hasten.compile"]["compile_s"] > 0
     for name, run in result["runs"].items():

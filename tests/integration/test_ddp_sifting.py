@@ -76,7 +76,9 @@ def test_torchrun_ranks_keeping_very_different_fractions_finish_every_epoch(tmp_
         orders = [r["full"]["epochs"][e]["ids"][:8] for e in range(3)]
         assert orders[0] != orders[1] != orders[2]
 
-    # a per-rank checkpoint mid-epoch resumes each rank exactly where it was
+    # a per-rank checkpoint mid-epoch resumes each rank exactly where it was (loaded with
+    # weights_only=True; the generous rank's holds kept rows not yet yielded)
+    assert r1["buffered_at_stop"] > 8
     for r in ranks:
         assert r["stopped"]
         assert r["resumed"]["epochs"] == r["full"]["epochs"]
@@ -130,3 +132,17 @@ def test_hf_trainer_with_sifting_under_torchrun(tmp_path):
     seen = sum(r["stats"]["num_orig_samples_seen"] for r in ranks)
     assert r0["logged"]["sift/samples_seen"] <= seen
     assert min(keep) < r0["logged"]["sift/keep_rate"] < max(keep)
+
+
+@pytest.mark.slow
+def test_lightning_ddp_resumes_each_rank_from_its_own_sifting_state(tmp_path):
+    pytest.importorskip("lightning")
+    ranks = torchrun("ddp_lightning_resume.py", tmp_path, timeout=240)
+    keep = [r["keep_rate"] for r in ranks]
+    assert keep[0] < 0.5 and keep[1] > 0.9, keep
+    assert ranks[1]["buffered_at_stop"] > 0  # the generous rank had kept rows in flight
+    for r in ranks:
+        assert r["world_size_saved"] == 2  # rank 0's checkpoint holds both ranks' states
+        assert len(r["reference"]) == 15 and r["global_step"] == 15
+        # after the mid-epoch checkpoint (step 7), each rank trained on its own next batches
+        assert r["resumed"] == r["reference"][7:]

@@ -206,7 +206,7 @@ def test_resume_from_a_checkpoint_continues_the_sifted_stream(tmp_path):
 
     full = run(tmp_path / "a")
     saved = torch.load(
-        tmp_path / "a" / "checkpoint-5" / "hasten_sifting_rank0.pt", weights_only=False
+        tmp_path / "a" / "checkpoint-5" / "hasten_sifting_rank0.pt", weights_only=True
     )
     assert saved["in_pass"] and saved["loader"]["buffer"]["count"] > 0  # kept rows in flight
     resumed = run(tmp_path / "a", resume=str(tmp_path / "a" / "checkpoint-5"))
@@ -271,3 +271,127 @@ def test_accelerate_refuses_the_hasten_backend_name(tmp_path):
     args = _args(tmp_path, max_steps=1, torch_compile=True, torch_compile_backend="hasten")
     with pytest.raises(ValueError, match="DynamoBackend"):
         transformers.Trainer(model=_model(), args=args, train_dataset=TokenDataset(8))
+
+
+def test_a_sifting_state_file_that_needs_pickle_is_refused_with_the_fix(tmp_path):
+    from hasten.integrations.transformers import _load_stream_state
+    from hasten.sifting import SiftingDataloader
+
+    sifted = SiftingDataloader(
+        _config(), [{"x": torch.ones(2, 3)}], model=torch.nn.Linear(3, 1), loss_impl=lambda m, b: b
+    )
+    stream = SiftedEpochs(sifted, epoch_length=1)
+    path = tmp_path / "hasten_sifting_rank0.pt"
+    torch.save({"loader": {"buffer": {"chunks": [PerSampleCrossEntropy()]}}}, path)  # an object
+    with pytest.raises(RuntimeError, match=r"weights_only=True.*delete"):
+        _load_stream_state(stream, str(path))
+    old = stream.state_dict()
+    old["loader"]["version"] = 1
+    torch.save(old, path)
+    with pytest.raises(ValueError, match=r"earlier hasten.*delete"):
+        _load_stream_state(stream, str(path))
+
+
+def _tokenizer():
+    """A word-level tokenizer built offline, with RoBERTa's pad id (1, not 0)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<s>", "<pad>", "</s>", "<unk>"] + [f"w{i}" for i in range(100)]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", unk_token="<unk>"
+    )
+    tok.model_input_names = ["input_ids", "attention_mask"]
+    return tok
+
+
+class TextDataset(torch.utils.data.Dataset):
+    """Sentences of 1 to 14 words, tokenized without padding (the collator pads each batch)."""
+
+    def __init__(self, tok, n: int = 48) -> None:
+        g = torch.Generator().manual_seed(1)
+        lengths = torch.randint(1, 15, (n,), generator=g).tolist()
+        words = torch.randint(0, 100, (n, 14), generator=g).tolist()
+        self.items = []
+        for i in range(n):
+            item = tok(" ".join(f"w{w}" for w in words[i][: lengths[i]]))
+            item["labels"] = i % 2
+            self.items.append(dict(item))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.items[i]
+
+
+def test_padding_values_come_from_the_trainers_tokenizer_and_collator(tmp_path):
+    from hasten.integrations.transformers import _padding_from
+
+    tok = _tokenizer()
+    tok.padding_side = "left"
+    trainer = transformers.Trainer(
+        model=_model(),
+        args=_args(tmp_path, max_steps=1),
+        processing_class=tok,
+        data_collator=transformers.DataCollatorForTokenClassification(tok, label_pad_token_id=-7),
+    )
+    assert _padding_from(trainer) == {
+        "pad_values": {"input_ids": 1, "token_type_ids": 0, "labels": -7},
+        "padding_side": "left",
+    }
+    # no processing_class: the collator's tokenizer
+    trainer.processing_class = None
+    assert _padding_from(trainer)["pad_values"]["input_ids"] == 1
+    trainer.data_collator = transformers.default_data_collator
+    assert _padding_from(trainer) == {}
+
+
+@pytest.mark.slow
+def test_trainer_with_dynamic_padding_sifts_a_roberta_with_its_pad_id(tmp_path, monkeypatch):
+    import hasten.sifting.batch as batch_mod
+
+    merged = []  # fields the sifting loader had to pad when merging rows
+    real = batch_mod.pad_concat
+    monkeypatch.setattr(batch_mod, "pad_concat", lambda *a: merged.append(a[-1]) or real(*a))
+
+    tok = _tokenizer()
+    model = get_model_spec("roberta", "tiny").build(seed=0)  # pad_token_id 1, as the tokenizer
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    model.accepts_loss_kwargs = False
+    model.config.problem_type = "single_label_classification"
+    assert model.config.pad_token_id == tok.pad_token_id == 1
+    data = TextDataset(tok)
+    trainer = RecordingTrainer(
+        model=model,
+        args=_args(tmp_path, max_steps=6),
+        train_dataset=data,
+        processing_class=tok,  # the Trainer pads with DataCollatorWithPadding(tok)
+    )
+    # pad_values={"input_ids": 1} comes from trainer.processing_class
+    enable_sifting(trainer, _config(delay=1, beta=1.0), loss=PerSampleCrossEntropy(), seed=0)
+    trainer.train()
+
+    stats = trainer.callback_handler.train_dataloader.stats
+    assert stats.num_batches_scored > 0 and 0 < stats.keep_rate < 1
+    assert ("input_ids",) in merged  # rows of batches of different widths were merged
+    sources = {tuple(item["input_ids"]) for item in data.items}
+    widths = set()
+    model.eval()
+    for batch in trainer.micro:
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        widths.add(ids.shape[1])
+        assert len(ids) == 4
+        assert ids[mask == 0].eq(1).all()  # padded with the tokenizer's pad id
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits
+        for r in range(len(ids)):
+            n = int(mask[r].sum())
+            assert mask[r, :n].all() and tuple(ids[r, :n].tolist()) in sources  # intact
+            with torch.no_grad():  # the padding does not change what the model computes
+                alone = model(input_ids=ids[r : r + 1, :n]).logits[0]
+            torch.testing.assert_close(logits[r], alone, rtol=1e-4, atol=1e-5)  # fp32
+    assert len(widths) > 1

@@ -27,6 +27,7 @@ class Module(L.LightningModule):
         self.net = tiny_model()
         self.batches_per_epoch: list[int] = []
         self.losses: list[float] = []
+        self.trained: list[list[int]] = []  # sample ids of each batch trained on
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -35,8 +36,11 @@ class Module(L.LightningModule):
         self.batches_per_epoch.append(0)
 
     def training_step(self, batch, batch_idx):
+        if not self.batches_per_epoch:  # resumed mid-epoch: Lightning skips the epoch start
+            self.batches_per_epoch.append(0)
         self.batches_per_epoch[-1] += 1
         x, y = batch
+        self.trained.append(x[:, 1].long().tolist())
         loss = torch.nn.functional.cross_entropy(self(x), y)
         self.losses.append(loss.item())
         return loss
@@ -48,9 +52,12 @@ class Module(L.LightningModule):
 class SiftedData(L.LightningDataModule):
     """The pattern: the DataModule reaches the model through self.trainer."""
 
-    def __init__(self, n: int = 160, batch_size: int = 8, drop_last: bool = False) -> None:
+    def __init__(
+        self, n: int = 160, batch_size: int = 8, drop_last: bool = False, **sifting: object
+    ) -> None:
         super().__init__()
         self.n, self.batch_size, self.drop_last = n, batch_size, drop_last
+        self.sifting = sifting  # more sifting_dataloader arguments
 
     def train_dataloader(self):
         loader = DataLoader(
@@ -61,7 +68,7 @@ class SiftedData(L.LightningDataModule):
             drop_last=self.drop_last,
         )
         return sifting_dataloader(
-            self.trainer, loader, sift_config(beta=1.0, delay=4), planted_loss
+            self.trainer, loader, sift_config(beta=1.0, delay=4), planted_loss, **self.sifting
         )
 
 
@@ -86,7 +93,6 @@ def test_fit_with_sifting_datamodule_and_metrics_callback(tmp_path):
     trainer.fit(module, datamodule=SiftedData())
 
     loader = trainer.train_dataloader
-    assert not hasattr(loader, "state_dict")  # not checkpointed unless checkpoint=True
     # 20 batches a pass, delay 4 then keep 1/2: (4 + 8 + 10 + 10) / 3 passes -> 11 per epoch
     assert len(loader) == 11
     assert module.batches_per_epoch == [11, 11, 11]  # every epoch exactly the planned length
@@ -170,23 +176,76 @@ def test_compiled_lightning_module_fits_with_sifting(tmp_path):
     assert list(comp.state_dict()) == list(eager.state_dict())
 
 
+def _fit(tmp_path, name, epochs, ckpt_path=None, callbacks=(), **data):
+    module = Module()
+    trainer = _trainer(
+        tmp_path / name,
+        max_epochs=epochs,
+        callbacks=list(callbacks),
+        enable_checkpointing=bool(callbacks),
+        logger=False,
+    )
+    # ckpt_path given, weights_only left to Lightning: its default (torch's) is True
+    trainer.fit(module, datamodule=SiftedData(**data), ckpt_path=ckpt_path)
+    return module, trainer
+
+
 @pytest.mark.slow
-def test_lightning_checkpoints_resume_with_default_loading(tmp_path):
-    ckpt = L.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ck"), save_last=True)
-    first = _trainer(tmp_path, max_epochs=1, callbacks=[ckpt], enable_checkpointing=True)
-    first.fit(Module(), datamodule=SiftedData(n=80))
-    resumed = Module()
-    second = _trainer(tmp_path, max_epochs=2)
-    # weights_only=True (Lightning's default) loads it: the loader state is not in it
-    second.fit(resumed, datamodule=SiftedData(n=80), ckpt_path=str(tmp_path / "ck" / "last.ckpt"))
-    assert second.current_epoch == 2 and len(resumed.batches_per_epoch) == 1
+@pytest.mark.parametrize("where", ["epoch_end", "mid_epoch"])
+def test_lightning_resume_continues_the_exact_sifted_stream(tmp_path, where):
+    # 10 incoming batches a pass (delay 4, then keep ~1/2): epochs of 5 cross data passes
+    data = {"n": 80, "epoch_length": 5}
+    reference, _ = _fit(tmp_path, "ref", 3, **data)
+    assert len(reference.trained) == 15
+
+    if where == "epoch_end":  # Lightning's usual checkpoint: the last of epoch 0
+        saver = L.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ck"), save_last=True)
+        ckpt, done = tmp_path / "ck" / "last.ckpt", 5
+    else:  # mid-epoch, after step 7 (epoch 1, batch 2)
+        saver = L.callbacks.ModelCheckpoint(
+            dirpath=str(tmp_path / "ck"), every_n_train_steps=7, save_top_k=-1
+        )
+        ckpt, done = tmp_path / "ck" / "epoch=1-step=7.ckpt", 7
+    first, _ = _fit(tmp_path, "first", 3 if where == "mid_epoch" else 1, callbacks=[saver], **data)
+    assert first.trained[:done] == reference.trained[:done]
+    state = torch.load(ckpt, weights_only=True)  # plain data, sifting state included
+    stream = state["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["ranks"][0]
+    assert stream["loader"]["in_epoch"] and stream["loader"]["history"]["size"] > 0
+
+    resumed, trainer = _fit(tmp_path, "resumed", 3, ckpt_path=str(ckpt), **data)
+    # the resumed fit trains on exactly the batches the uninterrupted one did next
+    assert resumed.trained == reference.trained[done:]
+    assert trainer.global_step == 15
+    assert trainer.train_dataloader.stats.num_orig_samples_seen > 0
 
 
-def test_checkpoint_true_gives_lightning_the_stream_state(tmp_path):
+@pytest.mark.slow
+def test_checkpoint_false_resumes_with_a_fresh_stream(tmp_path):
+    saver = L.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ck"), save_last=True)
+    _fit(tmp_path, "first", 1, callbacks=[saver], n=80, checkpoint=False)
+    resumed, trainer = _fit(
+        tmp_path, "second", 2, ckpt_path=str(tmp_path / "ck" / "last.ckpt"), n=80, checkpoint=False
+    )
+    loader = trainer.train_dataloader
+    assert not hasattr(loader, "state_dict")  # Lightning saves no stream state
+    assert trainer.current_epoch == 2 and len(resumed.batches_per_epoch) == 1
+    assert loader.data_epoch == 0 and loader.stats.num_batches_in <= 10  # a fresh stream
+
+
+def test_the_returned_stream_is_checkpointed_by_default(tmp_path):
     trainer = _trainer(tmp_path, max_epochs=1)
     loader = DataLoader(PlantedDataset(16), batch_size=4)
-    stream = sifting_dataloader(
-        trainer, loader, sift_config(), planted_loss, model=tiny_model(), checkpoint=True
-    )
+    stream = sifting_dataloader(trainer, loader, sift_config(), planted_loss, model=tiny_model())
     assert isinstance(stream, SiftedEpochs)
-    assert callable(stream.state_dict) and callable(stream.load_state_dict)
+    state = stream.state_dict()
+    assert state["world_size"] == 1 and len(state["ranks"]) == 1
+    # Lightning plans the epochs: a resumed fit may use another length (max_epochs raised)
+    longer = sifting_dataloader(
+        trainer, loader, sift_config(), planted_loss, model=tiny_model(), epoch_length=9
+    )
+    longer.load_state_dict(state)
+    assert len(longer) == 9
+    with pytest.raises(ValueError, match="same number of processes"):
+        stream.load_state_dict({"world_size": 2, "ranks": state["ranks"] * 2})
+    with pytest.raises(ValueError, match="checkpoint=False"):
+        stream.load_state_dict({"loader": {}})

@@ -5,7 +5,9 @@ run                what changes
 =================  ======================================================================
 eager              nothing: plain PyTorch, the reference
 hasten.compile     ``model = hasten.compile(model)``
-sifting            ``loader = SiftingDataloader(...)`` with SageMaker's rule
+sifting            ``PruningSampler`` with SageMaker's rule on the training step's own losses
+                   (no extra forward; ``sift_policy="sagemaker"``: ``SiftingDataloader``, which
+                   scores every incoming batch with an extra forward)
 compile + sifting  both switches
 =================  ======================================================================
 
@@ -31,9 +33,10 @@ from hasten.bench.sift_experiment import SageMakerSift
 from hasten.bench.tasks import TASK_NAMES, get_task
 from hasten.bench.training import FullData, Policy, RunRecord, run_interleaved, train_iter
 
-__all__ = ["QUICK", "VARIANTS", "DemoConfig", "plot_demo", "run_demo", "save_json"]
+__all__ = ["QUICK", "SIFT_POLICIES", "VARIANTS", "DemoConfig", "plot_demo", "run_demo", "save_json"]
 
 VARIANTS: tuple[str, ...] = ("eager", "hasten.compile", "sifting", "compile + sifting")
+SIFT_POLICIES: tuple[str, ...] = ("pruning", "sagemaker")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,8 +49,14 @@ class DemoConfig:
         epochs: Most epochs a run may take (``None``: the task's budget); also the length of the
             learning-rate schedule.
         evals_per_epoch: Test evaluations per epoch (curve points; target checks).
+        sift_policy: ``"pruning"`` (default): SageMaker's rule applied to the losses the
+            training step already computed, through ``PruningSampler`` (pruned samples are
+            never loaded, no scoring forward); ``"sagemaker"``: ``SiftingDataloader``, which
+            scores every incoming batch with an extra forward.
         beta: SageMaker rule's ``beta_value`` for the sifting runs.
-        sift_delay_fraction: Sifting starts after this fraction of one full run's steps.
+        sift_delay_fraction: Sifting starts after this fraction of one full run's steps
+            (``sift_policy="sagemaker"``; the pruning sampler trains on every sample it has
+            not seen yet, so its first epoch is whole).
         precision: ``hasten.compile`` precision ("fp32" or "bf16").
         seed: Initial weights and data order, shared by all four runs.
         device: Where to train.
@@ -58,6 +67,7 @@ class DemoConfig:
     target: float = 0.92
     epochs: int | None = None
     evals_per_epoch: int = 2
+    sift_policy: str = "pruning"
     beta: float = 1.0
     sift_delay_fraction: float = 0.1
     precision: str = "fp32"
@@ -74,6 +84,10 @@ class DemoConfig:
             raise ValueError(f"target is a test accuracy in (0, 1], got {self.target}")
         if self.evals_per_epoch < 1:
             raise ValueError(f"evals_per_epoch must be >= 1, got {self.evals_per_epoch}")
+        if self.sift_policy not in SIFT_POLICIES:
+            raise ValueError(
+                f"sift_policy must be one of {', '.join(SIFT_POLICIES)}, got {self.sift_policy!r}"
+            )
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
 
@@ -96,9 +110,17 @@ def _variant(name: str, config: DemoConfig, full_steps: int) -> tuple[Any, Polic
         def prepare(m: Any) -> Any:
             return _hasten_api.hasten_compile(m, precision=config.precision)
 
-    delay = max(0, round(config.sift_delay_fraction * full_steps))
-    policy: Policy = SageMakerSift(config.beta, 500, delay) if sifted else FullData()
-    return prepare, policy
+    return prepare, _sift_policy(config, full_steps) if sifted else FullData()
+
+
+def _sift_policy(config: DemoConfig, full_steps: int) -> Policy:
+    if config.sift_policy == "sagemaker":
+        delay = max(0, round(config.sift_delay_fraction * full_steps))
+        return SageMakerSift(config.beta, 500, delay)
+    from hasten.bench.pruning_policies import PrunePolicy
+
+    settings = {"policy": "stale_relative", "beta_value": config.beta, "max_loss_age": None}
+    return PrunePolicy(f"stale-b{config.beta:g}-fed", settings)
 
 
 def run_demo(

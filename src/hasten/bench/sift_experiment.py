@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -70,7 +71,8 @@ class SiftExperimentConfig:
         loss_history_length: Losses the sifting percentile is computed over.
         sift_delay_fraction: Sifting starts after this fraction of the full run's steps.
         compute_matched: Also run full data cut to each policy's compute.
-        epochs: Override every task's epoch budget (``None``: the task's own).
+        epochs: Override the tasks' epoch budgets: one number for every task, or a dict
+            ``{task: epochs}`` for some (``None`` / tasks not named: the task's own).
         device: Where to train.
         threads: torch CPU threads during the runs (``None``: torch's setting), restored after.
     """
@@ -83,7 +85,7 @@ class SiftExperimentConfig:
     loss_history_length: int = 500
     sift_delay_fraction: float = 0.1
     compute_matched: bool = True
-    epochs: int | None = None
+    epochs: int | dict[str, int] | None = None
     device: str = "cpu"
     threads: int | None = None
 
@@ -111,8 +113,18 @@ class SiftExperimentConfig:
             raise ValueError(
                 f"sift_delay_fraction must be in [0, 1), got {self.sift_delay_fraction}"
             )
-        if self.epochs is not None and self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1 or None, got {self.epochs}")
+        per_task = self.epochs if isinstance(self.epochs, dict) else {"": self.epochs}
+        for name, epochs in per_task.items():
+            if name and name not in TASK_NAMES:
+                raise ValueError(f"epochs names unknown task {name!r}; tasks: {TASK_NAMES}")
+            if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
+                raise ValueError(f"epochs must be >= 1 or None, got {epochs!r}")
+
+    def epochs_for(self, task: str) -> int | None:
+        """The epoch budget override for ``task`` (``None``: the task's own)."""
+        if isinstance(self.epochs, dict):
+            return self.epochs.get(task)
+        return self.epochs
 
 
 # --------------------------------------------------------------------------- SageMaker's rule
@@ -178,7 +190,22 @@ def _full_only(config: SiftExperimentConfig, full_steps: int) -> list[Policy]:
 
 
 PolicyFamily = Callable[[SiftExperimentConfig, int], list[Policy]]
-POLICY_FAMILIES: dict[str, PolicyFamily] = {"sagemaker": _sagemaker_family, "none": _full_only}
+
+
+def _lazy_family(module: str, attr: str) -> PolicyFamily:
+    def family(config: SiftExperimentConfig, full_steps: int) -> list[Policy]:
+        return getattr(importlib.import_module(module), attr)(config, full_steps)
+
+    return family
+
+
+POLICY_FAMILIES: dict[str, PolicyFamily] = {
+    "sagemaker": _sagemaker_family,
+    "none": _full_only,
+    # hasten.sifting.PruningSampler, no extra forward (see hasten.bench.pruning_policies)
+    "unbiased": _lazy_family("hasten.bench.pruning_policies", "unbiased_family"),
+    "stale": _lazy_family("hasten.bench.pruning_policies", "stale_family"),
+}
 
 
 def register_policy_family(name: str, family: PolicyFamily) -> None:
@@ -243,8 +270,9 @@ def run_sift_experiment(
 def _run_all(config: SiftExperimentConfig, progress: _Progress, tasks: dict[str, Task]) -> None:
     for task_name in config.tasks:
         task = tasks.get(task_name) or get_task(task_name)
-        if config.epochs is not None:
-            task = task.with_(epochs=config.epochs)
+        epochs = config.epochs_for(task_name)
+        if epochs is not None:
+            task = task.with_(epochs=epochs)
         data = task.data()
         full_steps = task.epochs * math.ceil(len(data.y_train) / task.batch_size)
         policies = [p for fam in config.families for p in POLICY_FAMILIES[fam](config, full_steps)]

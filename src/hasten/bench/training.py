@@ -114,7 +114,10 @@ class PolicyRun(Protocol):
         ...
 
     def epoch_reads(self, epoch: int, dataset_size: int) -> int:
-        """Samples the policy will read from the data in ``epoch`` (for learning-rate progress)."""
+        """Samples the policy will read from the data in ``epoch`` (for learning-rate progress).
+
+        Called at the start of each epoch, on the run's clock: a policy may plan the epoch here
+        (a pruning sampler does, and may run a scoring pass)."""
         ...
 
 
@@ -362,10 +365,11 @@ def train_iter(
     stop = False
     epoch = 0
     while not stop and (budget is not None or epoch < task.epochs):
-        reads_at_epoch_start = dataset.reads
-        epoch_reads = max(1, run.epoch_reads(epoch, n))
         synchronize(device)
+        # the policy's epoch planning (e.g. a scoring pass) is training time: on the clock
         t0 = time.perf_counter()
+        epoch_reads = max(1, run.epoch_reads(epoch, n))
+        reads_at_epoch_start = dataset.reads
         for batch in run.batches(loader, epoch):
             batch = _to(batch, device)
             if budget is not None:

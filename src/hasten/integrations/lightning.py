@@ -30,12 +30,17 @@ What :func:`sifting_dataloader` takes care of:
 * **Epoch seeding.** Lightning calls ``set_epoch`` on the samplers it can see; the returned
   loader shows it none, and numbers and seeds the data passes itself (``set_epoch(p)`` on the
   inner sampler before pass ``p``), so a pass straddling two Lightning epochs keeps its order.
-* **Checkpoints.** By default the returned loader offers Lightning no ``state_dict``, so
-  Lightning checkpoints load as usual (``weights_only=True``) and a resumed fit starts a fresh
-  sifted stream (new loss history, data passes numbered from 0). ``checkpoint=True`` lets
-  Lightning save the stream's state; Lightning restores it only when resuming mid-epoch, and the
-  state holds buffered rows as sifting batch objects, so the checkpoint must then be loaded with
-  ``trainer.fit(..., ckpt_path=..., weights_only=False)`` (your own checkpoints only).
+* **Checkpoints.** The returned loader has a ``state_dict``, so Lightning saves the sifted
+  stream's state (loss history, counters, position in the data pass, kept rows not yet
+  yielded, by position) in its checkpoints. The state is plain data, so checkpoints load with
+  Lightning's default ``weights_only=True``, and ``trainer.fit(..., ckpt_path=...)`` continues
+  the exact stream: mid-epoch (Lightning restores the state itself) and at an epoch boundary
+  (Lightning skips loader states there, as a plain ``DataLoader`` starts a new epoch afresh,
+  but the sifted stream crosses epochs, so :func:`sifting_dataloader` restores it). Under DDP
+  Lightning saves rank 0's checkpoint only: every rank's state is gathered into it (one
+  ``all_gather_object`` per checkpoint, which Lightning runs on every rank) and each rank
+  resumes from its own, with the same number of processes. ``checkpoint=False`` leaves the
+  state out: a resumed fit then starts a fresh sifted stream.
 
 ``hasten.compile(lightning_module)`` compiles the module in place before ``trainer.fit``; the
 Trainer and the sifting scorer then both run the compiled module.
@@ -53,6 +58,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "`pip install 'hasten[lightning]'`"
     ) from err
 
+import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -71,7 +77,7 @@ def sifting_dataloader(
     *,
     model: nn.Module | None = None,
     epoch_length: int | None = None,
-    checkpoint: bool = False,
+    checkpoint: bool = True,
     **loader_kwargs: Any,
 ) -> Any:
     """A sifting loader for ``LightningDataModule.train_dataloader()`` (see the module docstring).
@@ -84,12 +90,12 @@ def sifting_dataloader(
         model: The module that scores samples; default ``trainer.lightning_module``.
         epoch_length: Batches per Lightning epoch; default as described in the module docstring.
         checkpoint: Let Lightning save and restore the sifted stream's state (see the module
-            docstring: needs ``weights_only=False`` to resume).
+            docstring); ``False``: a resumed fit starts a fresh sifted stream.
         **loader_kwargs: Keyword arguments for :class:`~hasten.sifting.SiftingDataloader`.
 
     Returns:
-        A :class:`~hasten.integrations.epochs.SiftedEpochs` over the sifting loader (with
-        ``checkpoint=True``), or a view of one without ``state_dict`` (the default); either has
+        A :class:`~hasten.integrations.epochs.SiftedEpochs` over the sifting loader (the
+        default), or with ``checkpoint=False`` a view of one without ``state_dict``; either has
         ``.loader``, ``.stats``, ``.data_epoch`` and an exact ``len()``.
 
     Raises:
@@ -109,12 +115,86 @@ def sifting_dataloader(
         sift_config, dataloader, model=model, loss_impl=loss, **loader_kwargs
     )
     if epoch_length is not None:
-        stream = SiftedEpochs(sifted, epoch_length)
+        stream = _LightningEpochs(sifted, epoch_length)
     elif trainer.max_steps == -1 and trainer.max_epochs is not None and trainer.max_epochs > 0:
-        stream = SiftedEpochs(sifted, passes=trainer.max_epochs)
+        stream = _LightningEpochs(sifted, passes=trainer.max_epochs)
     else:
-        stream = SiftedEpochs(sifted, max(1, expected_batches(sifted, 1, delay=False)))
-    return stream if checkpoint else _WithoutState(stream)
+        stream = _LightningEpochs(sifted, max(1, expected_batches(sifted, 1, delay=False)))
+    if not checkpoint:
+        return _WithoutState(stream)
+    _restore_at_epoch_boundary(trainer, stream)
+    return stream
+
+
+class _LightningEpochs(SiftedEpochs):
+    """:class:`SiftedEpochs` whose state holds every rank's (Lightning saves rank 0's only).
+
+    Lightning counts the batches of an epoch itself, so a resumed fit may also plan epochs of
+    another length (``max_epochs`` raised, say): the stream's position is restored and the new
+    length kept.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"world_size": _world_size(), "ranks": _gather(super().state_dict())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ranks = state.get("ranks") if isinstance(state, dict) else None
+        if not isinstance(ranks, list):
+            raise ValueError(
+                "this Lightning checkpoint's train dataloader state is not a hasten sifting "
+                "stream's; resume with the DataModule that wrote it, or pass checkpoint=False "
+                "to sifting_dataloader to start a fresh sifted stream"
+            )
+        world = _world_size()
+        if len(ranks) != world:
+            raise ValueError(
+                f"the checkpoint's sifting state comes from {len(ranks)} process(es), this run "
+                f"has {world}: the sifted stream resumes exactly only with the same number of "
+                "processes. Pass checkpoint=False to sifting_dataloader to start a fresh "
+                "sifted stream instead"
+            )
+        own = dict(ranks[_rank()])
+        own["epoch_length"] = self.epoch_length  # Lightning plans the epochs; see the class doc
+        super().load_state_dict(own)
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _gather(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's ``state`` (a collective: every rank must call it)."""
+    world = _world_size()
+    if world == 1:
+        return [state]
+    out: list[Any] = [None] * world
+    torch.distributed.all_gather_object(out, state)
+    return out
+
+
+def _restore_at_epoch_boundary(trainer: pl.Trainer, stream: SiftedEpochs) -> None:
+    """Load the stream state of a checkpoint saved at an epoch boundary.
+
+    Lightning restores train dataloader states only when it resumes mid-epoch (or trains by
+    ``max_steps``); at an epoch boundary it keeps them unused, as a ``DataLoader`` starts the
+    next epoch afresh. A sifted stream continues across epochs, so its state is loaded here,
+    from where Lightning keeps it (``fit_loop._combined_loader_states_to_load``; a Lightning
+    without that attribute restores mid-epoch only).
+    """
+    loop = trainer.fit_loop
+    pending = getattr(loop, "_combined_loader_states_to_load", None)
+    if not pending or loop.restarting:  # nothing to load, or Lightning loads it next
+        return
+    if len(pending) != 1:  # several stateful loaders: which one is ours is Lightning's call
+        return
+    stream.load_state_dict(pending[0])
+    loop._combined_loader_states_to_load = []  # loaded once (a reloaded loader starts anew)
 
 
 class _WithoutState:

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import warnings
 from typing import Any
 
@@ -121,6 +122,12 @@ def enable_sifting(
             f"{args.max_steps}: set max_steps=<optimizer steps>, or pass set_epochs=True to train "
             "num_train_epochs epochs of the expected sifted length"
         )
+    if loader_kwargs.get("batch_transforms") is None:  # the built-in codec pads merged rows
+        derived = _padding_from(trainer)
+        pad_values = {**derived.pop("pad_values", {}), **(loader_kwargs.get("pad_values") or {})}
+        loader_kwargs = {**derived, **loader_kwargs}
+        if pad_values:
+            loader_kwargs["pad_values"] = pad_values
     # build the loader once now: config, loss and batch-size errors surface here, not mid-train
     SiftingDataloader(sift_config, [], model=trainer.model, loss_impl=loss, **loader_kwargs)
 
@@ -137,9 +144,8 @@ def enable_sifting(
         else:
             stream = SiftedEpochs(sifted, max(1, expected_batches(sifted, 1, delay=False)))
         saved = getattr(trainer, _RESUME, None)
-        if saved is not None:  # hasten's own file in the user's checkpoint; it holds the
-            # buffered rows as sifting batch objects, which weights_only=True refuses
-            stream.load_state_dict(torch.load(saved, map_location="cpu", weights_only=False))
+        if saved is not None:  # hasten's own file in the user's checkpoint
+            _load_stream_state(stream, saved)
         return stream
 
     train = trainer.train
@@ -177,6 +183,56 @@ def enable_sifting(
     trainer.callback_handler.callbacks.insert(0, SiftingCallback())
     setattr(trainer, _MARK, True)
     return trainer
+
+
+def _padding_from(trainer: Any) -> dict[str, Any]:
+    """``pad_values`` and ``padding_side`` for the sifting loader, from the Trainer's tokenizer
+    (``processing_class``, or the data collator's) and collator, so that batches the collator
+    padded to their own longest sequence merge with the tokenizer's pad ids."""
+    collator = getattr(trainer, "data_collator", None)
+    tokenizer = None
+    # processing_class since Transformers 4.46; the plain attribute `tokenizer` before it
+    owners = (getattr(trainer, "processing_class", None), vars(trainer).get("tokenizer"), collator)
+    for owner in owners:
+        for candidate in (getattr(owner, "tokenizer", None), owner):
+            if getattr(candidate, "pad_token_id", None) is not None:
+                tokenizer = candidate
+                break
+        if tokenizer is not None:
+            break
+    values: dict[str, Any] = {}
+    out: dict[str, Any] = {}
+    if tokenizer is not None:
+        names = getattr(tokenizer, "model_input_names", None) or ["input_ids"]
+        values[names[0]] = tokenizer.pad_token_id
+        type_pad = getattr(tokenizer, "pad_token_type_id", None)
+        if isinstance(type_pad, int):
+            values["token_type_ids"] = type_pad
+        if getattr(tokenizer, "padding_side", None) in ("left", "right"):
+            out["padding_side"] = tokenizer.padding_side
+    label_pad = getattr(collator, "label_pad_token_id", None)
+    if isinstance(label_pad, int):
+        values["labels"] = label_pad
+    if values:
+        out["pad_values"] = values
+    return out
+
+
+def _load_stream_state(stream: SiftedEpochs, path: str) -> None:
+    """Restore ``stream`` from a state file :class:`SiftingCallback` wrote (plain data, so it
+    loads with ``weights_only=True``)."""
+    fresh = f"delete {path} to resume the checkpoint with a fresh sifted stream"
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise RuntimeError(
+            f"{path} does not load with torch.load(weights_only=True): an earlier hasten wrote "
+            f"sifting state holding Python objects, which this hasten does not read; {fresh}"
+        ) from err
+    try:
+        stream.load_state_dict(state)
+    except ValueError as err:
+        raise ValueError(f"cannot resume the sifted stream from {path}: {err}. Or {fresh}") from err
 
 
 class SiftingCallback(transformers.TrainerCallback):

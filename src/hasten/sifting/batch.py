@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from hasten.sifting.exceptions import UnsupportedDataFormatException
+from hasten.sifting.padding import Padding, pad_concat
 
 __all__ = [
     "DefaultBatchTransform",
@@ -217,16 +218,28 @@ def _same_type(batches: Sequence[SiftingBatch], cls: type) -> list[Any]:
 class TreeBatch(SiftingBatch):
     """Any supported nested batch, flattened for sifting (see the module docstring)."""
 
-    __slots__ = ("dim", "lists", "size", "spec", "tensors")
+    __slots__ = ("dim", "lists", "padding", "size", "spec", "tensors")
 
     def __init__(
-        self, spec: tuple, tensors: list[Tensor], lists: list[list[Any]], size: int, dim: int
+        self,
+        spec: tuple,
+        tensors: list[Tensor],
+        lists: list[list[Any]],
+        size: int,
+        dim: int,
+        padding: Padding | None = None,
     ) -> None:
         self.spec, self.tensors, self.lists, self.size, self.dim = spec, tensors, lists, size, dim
+        self.padding = padding
 
     @classmethod
-    def from_batch(cls, batch: Any, batch_format_index: int | None = None) -> TreeBatch:
+    def from_batch(
+        cls, batch: Any, batch_format_index: int | None = None, padding: Padding | None = None
+    ) -> TreeBatch:
         """Flatten ``batch`` and find its number of samples.
+
+        ``padding`` says how :meth:`concat` pads fields whose lengths differ between batches
+        (see :mod:`hasten.sifting.padding`); without it only the defaults apply.
 
         Raises:
             UnsupportedDataFormatException: unsupported leaf type, no splittable leaf, or leaves
@@ -237,7 +250,7 @@ class TreeBatch(SiftingBatch):
         lists: list[list[Any]] = []
         spec = _flatten(batch, (), tensors, lists)
         size = _infer_size(spec, tensors, lists, dim, batch_format_index)
-        return cls(spec, tensors, lists, size, dim)
+        return cls(spec, tensors, lists, size, dim, padding)
 
     def to_batch(self) -> Any:
         """Rebuild the original structure around the current leaves."""
@@ -259,7 +272,7 @@ class TreeBatch(SiftingBatch):
         if self.lists:
             host = indices.tolist()  # host copy, only for batches carrying Python lists
             lists = [[leaf[i] for i in host] for leaf in self.lists]
-        return TreeBatch(self.spec, tensors, lists, indices.numel(), dim)
+        return TreeBatch(self.spec, tensors, lists, indices.numel(), dim, self.padding)
 
     @classmethod
     def concat(cls, batches: Sequence[SiftingBatch]) -> TreeBatch:
@@ -280,18 +293,21 @@ class TreeBatch(SiftingBatch):
         for i, leaves in enumerate(zip(*(b.tensors for b in tb))):
             try:
                 tensors.append(torch.cat(leaves, dim=dim))
-            except RuntimeError as err:
-                path = _leaf_paths(first.spec)[("t", i)]
-                shapes = ", ".join(str(tuple(t.shape)) for t in leaves)
-                raise UnsupportedDataFormatException(
-                    f"cannot merge rows of batch{path} across batches: shapes {shapes} differ "
-                    f"beyond the sample dimension {dim}. Sifting refills full batches from rows "
-                    "of several batches, so every field must have the same shape apart from the "
-                    "sample dimension: pad to a fixed length (e.g. tokenizer padding='max_length') "
-                    "or pass batch_transforms=<a SiftingBatchTransform that pads>"
-                ) from err
+            except RuntimeError as err:  # lengths differ (dynamic padding), or worse
+                padded = pad_concat(leaves, dim, first.padding, _leaf_keys(first.spec)[i])
+                if padded is None:
+                    path = _leaf_paths(first.spec)[("t", i)]
+                    shapes = ", ".join(str(tuple(t.shape)) for t in leaves)
+                    raise UnsupportedDataFormatException(
+                        f"cannot merge rows of batch{path} across batches (shapes {shapes}): "
+                        f"{str(err).splitlines()[0]}. Sifting refills full batches from rows of several batches, so "
+                        "a field must have the same number of dimensions, dtype family and "
+                        "device in every batch; otherwise pass batch_transforms=<a "
+                        "SiftingBatchTransform>"
+                    ) from err
+                tensors.append(padded)
         lists = [[x for leaf in leaves for x in leaf] for leaves in zip(*(b.lists for b in tb))]
-        return TreeBatch(first.spec, tensors, lists, sum(b.size for b in tb), dim)
+        return TreeBatch(first.spec, tensors, lists, sum(b.size for b in tb), dim, first.padding)
 
     def split(self, n: int) -> tuple[TreeBatch, TreeBatch]:
         d, size = self.dim, self.size
@@ -301,6 +317,7 @@ class TreeBatch(SiftingBatch):
             [leaf[:n] for leaf in self.lists],
             n,
             d,
+            self.padding,
         )
         tail = TreeBatch(
             self.spec,
@@ -308,28 +325,33 @@ class TreeBatch(SiftingBatch):
             [leaf[n:] for leaf in self.lists],
             size - n,
             d,
+            self.padding,
         )
         return head, tail
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> TreeBatch:
         tensors = [t.to(device, non_blocking=non_blocking) for t in self.tensors]
-        return TreeBatch(self.spec, tensors, self.lists, self.size, self.dim)
+        return TreeBatch(self.spec, tensors, self.lists, self.size, self.dim, self.padding)
 
     def __getstate__(self) -> tuple:
-        return (self.spec, self.tensors, self.lists, self.size, self.dim)
+        return (self.spec, self.tensors, self.lists, self.size, self.dim, self.padding)
 
     def __setstate__(self, state: tuple) -> None:
-        self.spec, self.tensors, self.lists, self.size, self.dim = state
+        self.spec, self.tensors, self.lists, self.size, self.dim = state[:5]
+        self.padding = state[5] if len(state) > 5 else None
 
 
 class DefaultBatchTransform(SiftingBatchTransform):
     """The built-in codec as a :class:`SiftingBatchTransform` (used when none is given)."""
 
-    def __init__(self, batch_format_index: int | None = None) -> None:
+    def __init__(
+        self, batch_format_index: int | None = None, padding: Padding | None = None
+    ) -> None:
         self.batch_format_index = batch_format_index
+        self.padding = padding
 
     def transform(self, batch: Any) -> TreeBatch:
-        return TreeBatch.from_batch(batch, self.batch_format_index)
+        return TreeBatch.from_batch(batch, self.batch_format_index, self.padding)
 
     def reverse_transform(self, sifting_batch: SiftingBatch) -> Any:
         if not isinstance(sifting_batch, TreeBatch):
@@ -350,9 +372,20 @@ def select_rows(batch: Any, indices: Tensor, batch_format_index: int | None = No
     return TreeBatch.from_batch(batch, batch_format_index).select(indices).to_batch()
 
 
-def concat_batches(batches: Sequence[Any], batch_format_index: int | None = None) -> Any:
-    """The samples of ``batches`` one after another, in their common structure."""
-    trees = [TreeBatch.from_batch(b, batch_format_index) for b in batches]
+def concat_batches(
+    batches: Sequence[Any],
+    batch_format_index: int | None = None,
+    *,
+    pad_values: Mapping[str | int, float | bool] | None = None,
+    padding_side: str = "right",
+) -> Any:
+    """The samples of ``batches`` one after another, in their common structure.
+
+    Fields padded to different lengths are padded to the longest with ``pad_values`` (see
+    :mod:`hasten.sifting.padding`).
+    """
+    padding = Padding(pad_values, padding_side)
+    trees = [TreeBatch.from_batch(b, batch_format_index, padding) for b in batches]
     return TreeBatch.concat(trees).to_batch()
 
 
@@ -489,6 +522,21 @@ def _leaf_paths(spec: tuple, path: tuple = (), out: dict | None = None) -> dict[
     elif kind == "m":
         for k, c in zip(spec[3], spec[4]):
             _leaf_paths(c, (*path, k), out)
+    return out
+
+
+def _leaf_keys(spec: tuple, path: tuple = (), out: list | None = None) -> list[tuple]:
+    """The path (keys and positions) of every tensor leaf, by leaf index."""
+    out = [] if out is None else out
+    kind = spec[0]
+    if kind == "t":
+        out.append(path)
+    elif kind == "s":
+        for i, c in enumerate(spec[2]):
+            _leaf_keys(c, (*path, i), out)
+    elif kind == "m":
+        for k, c in zip(spec[3], spec[4]):
+            _leaf_keys(c, (*path, k), out)
     return out
 
 

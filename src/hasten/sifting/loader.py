@@ -32,7 +32,7 @@ import logging
 import math
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -61,6 +61,7 @@ from hasten.sifting.exceptions import (
 )
 from hasten.sifting.history import LossHistory
 from hasten.sifting.loss import SupportsLoss, as_loss
+from hasten.sifting.padding import Padding
 from hasten.sifting.policy import SiftPolicy, policy_for
 from hasten.sifting.stats import STAGES, SiftingStats
 
@@ -68,7 +69,9 @@ __all__ = ["SiftingDataloader"]
 
 logger = logging.getLogger("hasten.sifting")
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
+# 1: buffered rows stored as SiftingBatch objects (needed torch.load(weights_only=False));
+# 2: the whole state is plain (tensors, numbers, strings, lists, dicts), rows stored by position
 
 
 class SiftingDataloader:
@@ -99,6 +102,12 @@ class SiftingDataloader:
         batch_size: Size of yielded batches when the wrapped loader has no ``batch_size``
             (a custom ``batch_sampler``); default: the size of its first batch.
         log_interval: Log a progress line every this many yielded batches (``None`` or 0: never).
+        pad_values: For batches padded to their own longest sequence (dynamic padding): the
+            value to pad each field with when merged rows differ in length, by field name, e.g.
+            ``{"input_ids": tokenizer.pad_token_id}``. ``attention_mask``, ``token_type_ids``,
+            ``labels`` (-100) ... have defaults; ``input_ids`` never does. See
+            :mod:`hasten.sifting.padding`. Built-in codec only (a batch transform pads itself).
+        padding_side: Pad on the ``"right"`` (default) or ``"left"``, as the tokenizer does.
 
     Attributes:
         stats: A :class:`~hasten.sifting.stats.SiftingStats`, updated as batches go by.
@@ -126,6 +135,8 @@ class SiftingDataloader:
         device: torch.device | str | None = None,
         batch_size: int | None = None,
         log_interval: int | None = 100,
+        pad_values: Mapping[str | int, float | bool] | None = None,
+        padding_side: str = "right",
     ) -> None:
         self.sift_config = coerce_sift_config(sift_config)
         self.orig_dataloader = orig_dataloader
@@ -148,6 +159,12 @@ class SiftingDataloader:
                 f"batch_format_index must be a dimension index >= 0 (0: samples along the "
                 f"first dimension, 1: along the second) or None, got {batch_format_index!r}"
             )
+        if batch_transforms is not None and pad_values is not None:
+            raise ValueError(
+                "pad_values applies to the built-in batch codec; with batch_transforms, pad in "
+                "your SiftingBatch's concat() instead"
+            )
+        padding = Padding(pad_values, padding_side)
         if seed is not None and generator is not None:
             raise ValueError("pass either seed or generator, not both")
         for name, value in (("batch_size", batch_size), ("log_interval", log_interval)):
@@ -160,8 +177,9 @@ class SiftingDataloader:
         self.batch_transforms = batch_transforms
         self.log_batch_data = bool(log_batch_data)
         self.batch_format_index = batch_format_index
+        self._padding = padding
         self._transform: SiftingBatchTransform = batch_transforms or DefaultBatchTransform(
-            batch_format_index
+            batch_format_index, padding
         )
         self._default_codec = batch_transforms is None
         self._device = None if device is None else torch.device(device)
@@ -191,6 +209,7 @@ class SiftingDataloader:
         self._delay_done_epoch_start = 0
         self._loader_generator_states: list[Tensor] | None = None
         self._buffer = KeptBuffer()
+        self._pending_buffer: dict[str, Any] | None = None  # loaded, not yet re-created
         self._rank_fills: list[int] | None = None  # kept rows per rank this epoch
         self._sifted_out_this_epoch = 0  # sifted batches yielded this epoch
         self._warned_nonfinite = False
@@ -288,14 +307,19 @@ class SiftingDataloader:
         """Everything needed to continue exactly where this loader is, mid-epoch included.
 
         Holds: the loss history, counters and stats, the delay position, the sifting
-        generator's state, the kept rows not yet yielded (copied to CPU), the number of batches
-        consumed from the wrapped loader this epoch, and the state its generators had when the
-        epoch began.
+        generator's state, the number of batches consumed from the wrapped loader this epoch,
+        the state its generators had when the epoch began, and the kept rows not yet yielded,
+        by position (which consumed batch, which rows), not by value.
+
+        The state is plain data (tensors, numbers, strings, ``None``, lists and dicts), so a
+        checkpoint holding it loads with ``torch.load(..., weights_only=True)`` (PyTorch's
+        default, and Lightning's).
 
         To resume, build the same model (load its weights), the same wrapped loader and a new
         ``SiftingDataloader`` with the same arguments, call :meth:`load_state_dict`, then
         iterate: the loader re-creates the epoch's order and skips the batches already consumed
-        (they are loaded but not scored), so it yields the batches an uninterrupted run would.
+        (they are loaded but not scored; those holding buffered rows are transformed again to
+        re-create the rows), so it yields the batches an uninterrupted run would.
         The order can be re-created when the wrapped loader shuffles with its own
         ``generator=torch.Generator().manual_seed(...)``, with a seeded ``DistributedSampler``
         (call :meth:`set_epoch` as usual), or does not shuffle.
@@ -323,7 +347,9 @@ class SiftingDataloader:
             "loader_generator_states": self._loader_generator_states
             if self._in_epoch
             else get_loader_generator_states(self.orig_dataloader),
-            "buffer": self._buffer.state_dict(),
+            "buffer": self._buffer.state_dict()
+            if self._pending_buffer is None
+            else self._pending_buffer,
             "rank_fills": self._rank_fills,
             "sifted_out_this_epoch": self._sifted_out_this_epoch,
             "warned_nonfinite": self._warned_nonfinite,
@@ -331,10 +357,20 @@ class SiftingDataloader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; the next iteration continues from there."""
-        if state.get("version") != _STATE_VERSION:
+        version = state.get("version") if isinstance(state, dict) else None
+        if version != _STATE_VERSION:
+            if isinstance(version, int) and version < _STATE_VERSION:
+                raise ValueError(
+                    f"this SiftingDataloader state was written by an earlier hasten (state "
+                    f"version {version}; this hasten reads version {_STATE_VERSION}, which stores "
+                    "buffered rows by position so that checkpoints load with "
+                    "weights_only=True). It cannot be resumed exactly: resume from a checkpoint "
+                    "written by this hasten, or skip load_state_dict to start the sifted stream "
+                    "afresh (new loss history, sift delay restarted)"
+                )
             raise ValueError(
-                f"unsupported SiftingDataloader state version {state.get('version')!r} "
-                f"(this hasten writes {_STATE_VERSION})"
+                f"unsupported SiftingDataloader state version {version!r} (this hasten reads "
+                f"{_STATE_VERSION}); pass the output of SiftingDataloader.state_dict()"
             )
         if state["sift_config"] != _config_repr(self.sift_config):
             warnings.warn(
@@ -359,7 +395,9 @@ class SiftingDataloader:
         self._delay_done_epoch_start = state["delay_done_epoch_start"]
         self._out_batch_size = state["out_batch_size"]
         self._loader_generator_states = state["loader_generator_states"]
-        self._buffer = KeptBuffer.from_state_dict(state["buffer"])
+        self._buffer = KeptBuffer()
+        # re-created from the replayed batches on the next iteration (see _continue_epoch)
+        self._pending_buffer = state["buffer"] if state["buffer"]["count"] else None
         self._rank_fills = state["rank_fills"]
         self._sifted_out_this_epoch = state["sifted_out_this_epoch"]
         self._warned_nonfinite = state["warned_nonfinite"]
@@ -441,6 +479,7 @@ class SiftingDataloader:
         self._batches_in = self._samples_in = self._sifted_out_this_epoch = 0
         self._short_batch_seen = False
         self._buffer = KeptBuffer()
+        self._pending_buffer = None
         self._rank_fills = None
         if self.sift_config.repeat_delay_per_epoch:
             self._delay_done = 0
@@ -449,21 +488,71 @@ class SiftingDataloader:
         return iter(orig)
 
     def _continue_epoch(self, device: torch.device) -> Iterator[Any]:
-        """Re-create the checkpointed epoch's iterator and skip the batches it had consumed."""
+        """Re-create the checkpointed epoch's iterator and skip the batches it had consumed.
+
+        The kept rows the checkpoint had not yielded are re-created from the skipped batches
+        they came from (transformed as when they were scored, then the same rows selected).
+        """
         it = iter(self.orig_dataloader)
         t0 = time.perf_counter()
+        pending = self._pending_buffer
+        self._pending_buffer = None
+        wanted = {} if pending is None else {c["batch"]: c for c in pending["chunks"]}
+        buffer = KeptBuffer()
         for i in range(self._batches_in):
             try:
-                next(it)
+                batch = next(it)
             except StopIteration:
                 raise RuntimeError(
                     f"cannot resume: the checkpoint consumed {self._batches_in} batches of "
                     f"this epoch but the wrapped loader has only {i}; resume with the same "
                     "data and loader settings"
                 ) from None
+            chunk = wanted.get(i)
+            if chunk is not None:
+                buffer.add(*self._recreate_rows(batch, chunk, device))
         self.stats.load_seconds += time.perf_counter() - t0
-        self._buffer.to(device)
+        if pending is not None and buffer.count != pending["count"]:
+            raise RuntimeError(
+                f"cannot resume: the checkpoint buffered {pending['count']} kept rows but "
+                f"{buffer.count} were found in the replayed batches; resume with the same data "
+                "and loader settings"
+            )
+        self._buffer = buffer
         return it
+
+    def _recreate_rows(
+        self, batch: Any, chunk: dict[str, Any], device: torch.device
+    ) -> tuple[SiftingBatch, Tensor, Tensor | None, int, tuple[int, int]]:
+        """A buffered chunk of a checkpoint, selected again from its replayed source batch."""
+        sb, _, _ = self._to_sifting_batch(batch, device)
+        rows = chunk["rows"].to(device=device, dtype=torch.int64)
+        n = rows.numel()
+        if n and int(rows.max()) >= len(sb):  # HOST SYNC: resume only
+            raise RuntimeError(
+                f"cannot resume: the checkpoint buffered row {int(rows.max())} of batch "
+                f"{chunk['batch']} of this epoch, but the replayed batch has {len(sb)} rows; "
+                "resume with the same data and loader settings"
+            )
+        weights = chunk["weights"]
+        if weights is not None:
+            weights = weights.to(device)
+        start = int(chunk["start"])
+        return sb.select(rows), rows + start, weights, n, (int(chunk["batch"]), start)
+
+    def _to_sifting_batch(self, batch: Any, device: torch.device) -> tuple[SiftingBatch, Any, Any]:
+        """``batch`` on ``device`` as a :class:`SiftingBatch`, plus the loss's two arguments
+        (transformed and original batch)."""
+        non_blocking = device.type == "cuda"
+        if self._default_codec:
+            sb: SiftingBatch = TreeBatch.from_batch(
+                batch, self.batch_format_index, self._padding
+            ).to(device, non_blocking)
+            original = sb.to_batch()  # type: ignore[attr-defined]
+            return sb, original, original
+        original = move_to_device(batch, device, non_blocking)
+        sb = self._transform.transform(original)
+        return sb, sb, original
 
     def _count(self, batch: Any) -> int:
         if self._default_codec:
@@ -494,17 +583,7 @@ class SiftingDataloader:
     def _sift(self, batch: Any, device: torch.device, stage: dict[str, float]) -> None:
         stats = self.stats
         t0 = time.perf_counter()
-        non_blocking = device.type == "cuda"
-        if self._default_codec:
-            sb: SiftingBatch = TreeBatch.from_batch(batch, self.batch_format_index).to(
-                device, non_blocking
-            )
-            original = sb.to_batch()  # type: ignore[attr-defined]
-            transformed = original
-        else:
-            original = move_to_device(batch, device, non_blocking)
-            sb = self._transform.transform(original)
-            transformed = sb
+        sb, transformed, original = self._to_sifting_batch(batch, device)
         n = len(sb)
         self._check_batch_size(n)
         if self._out_batch_size is None:
@@ -539,7 +618,7 @@ class SiftingDataloader:
         t4 = time.perf_counter()
         stage["sift"] += t4 - t3
 
-        self._buffer.add(kept, ids, weights, n_kept)
+        self._buffer.add(kept, ids, weights, n_kept, (self._batches_in - 1, self._samples_in))
         stage["accumulate"] += time.perf_counter() - t4
 
         self._samples_in += n
@@ -753,5 +832,23 @@ def _model_device(model: nn.Module) -> torch.device:
 
 
 def _config_repr(config: Any) -> Any:
+    """The config as plain data for the state (its ``to_dict()``), else its ``repr``."""
     to_dict = getattr(config, "to_dict", None)
-    return to_dict() if callable(to_dict) else repr(config)
+    if callable(to_dict):
+        data = to_dict()
+        if _is_plain(data):
+            return data
+    return repr(config)
+
+
+def _is_plain(obj: Any) -> bool:
+    """Whether ``obj`` is made of what ``torch.load(weights_only=True)`` restores as is."""
+    if obj is None or isinstance(obj, (bool, int, float, str, Tensor)):
+        return True
+    if isinstance(obj, (list, tuple)):
+        return type(obj) in (list, tuple) and all(_is_plain(x) for x in obj)
+    if isinstance(obj, dict):
+        return type(obj) is dict and all(
+            isinstance(k, (str, int)) and _is_plain(v) for k, v in obj.items()
+        )
+    return False

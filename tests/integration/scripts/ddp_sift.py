@@ -109,9 +109,10 @@ def main() -> None:
             loader, sampler, ddp, torch.optim.SGD(ddp.parameters(), lr=0.05), resumed, stop=(1, 1)
         )
         ckpt = out_dir / f"sift_rank{rank}.pt"
-        torch.save(loader.state_dict(), ckpt)
+        saved = loader.state_dict()
+        torch.save(saved, ckpt)
         loader, sampler = build(rank, world)
-        loader.load_state_dict(torch.load(ckpt, weights_only=False))
+        loader.load_state_dict(torch.load(ckpt, weights_only=True))
         ddp = DDP(loader.model)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         train(loader, sampler, ddp, opt, resumed, first=1, resuming=True)
@@ -143,6 +144,7 @@ def main() -> None:
             "full": full,
             "stats": stats,
             "stopped": stopped,
+            "buffered_at_stop": saved["buffer"]["count"],
             "resumed": resumed,
             "resumed_stats": resumed_stats,
         }
