@@ -160,7 +160,7 @@ def test_recompile_limit_warns_that_torch_falls_back_to_eager():
     assert any("recompile limit (2)" in m and "runs it eagerly" in m for m in msgs), msgs
 
 
-def test_post_grad_passes_run_through_inductors_hook_and_keep_the_cache_warm(monkeypatch):
+def test_post_grad_passes_run_through_inductors_hook_and_keep_the_cache_warm(monkeypatch, tmp_path):
     from torch._dynamo.utils import counters
 
     from hasten.compiler.passes import registry
@@ -177,7 +177,8 @@ def test_post_grad_passes_run_through_inductors_hook_and_keep_the_cache_warm(mon
 
     def run() -> hasten.compiler.report.CompileReport:
         torch._dynamo.reset()
-        model = hasten.compile(nn.Sequential(nn.Linear(3, 5), nn.Tanh()))
+        # A cache of its own: a cache warmed by an earlier run would skip the pass the first time.
+        model = hasten.compile(nn.Sequential(nn.Linear(3, 5), nn.Tanh()), cache_dir=tmp_path)
         model(torch.randn(4, 3)).sum().backward()
         return hasten.compiler.compile_report(model)
 
