@@ -40,11 +40,12 @@ def _run_with_pass(module, inputs, name: str) -> tuple[Any, list[PassStats]]:
             return rewrite(gm, example_inputs).forward
 
     else:
+        from functorch.compile import make_boxed_func
         from torch._dynamo.backends.common import aot_autograd
 
         backend = aot_autograd(
-            fw_compiler=lambda gm, ex: rewrite(gm, ex).forward,
-            bw_compiler=lambda gm, ex: rewrite(gm, ex).forward,
+            fw_compiler=lambda gm, ex: make_boxed_func(rewrite(gm, ex).forward),
+            bw_compiler=lambda gm, ex: make_boxed_func(rewrite(gm, ex).forward),
         )
     torch._dynamo.reset()
     try:
