@@ -3,6 +3,7 @@ the backend by name, explain() on a planted graph break, the recompile guard."""
 
 from __future__ import annotations
 
+import copy
 import io
 import pickle
 import warnings
@@ -159,7 +160,7 @@ def test_recompile_limit_warns_that_torch_falls_back_to_eager():
     assert any("recompile limit (2)" in m and "runs it eagerly" in m for m in msgs), msgs
 
 
-def test_post_grad_passes_run_through_inductors_hook_and_keep_the_cache_warm(monkeypatch):
+def test_post_grad_passes_run_through_inductors_hook_and_keep_the_cache_warm(monkeypatch, tmp_path):
     from torch._dynamo.utils import counters
 
     from hasten.compiler.passes import registry
@@ -176,7 +177,8 @@ def test_post_grad_passes_run_through_inductors_hook_and_keep_the_cache_warm(mon
 
     def run() -> hasten.compiler.report.CompileReport:
         torch._dynamo.reset()
-        model = hasten.compile(nn.Sequential(nn.Linear(3, 5), nn.Tanh()))
+        # A cache of its own: a cache warmed by an earlier run would skip the pass the first time.
+        model = hasten.compile(nn.Sequential(nn.Linear(3, 5), nn.Tanh()), cache_dir=tmp_path)
         model(torch.randn(4, 3)).sum().backward()
         return hasten.compiler.compile_report(model)
 
@@ -227,3 +229,89 @@ def test_many_compiled_models_in_one_process_do_not_share_a_recompile_budget():
     for m in models:
         rep = hasten.compiler.compile_report(m)
         assert rep.graph_count == 1 and not rep.recompiles
+
+
+def test_eval_under_no_grad_and_inference_mode_scoring_compile_their_own_graphs_quietly():
+    # The loop every user writes: train, evaluate under no_grad, score under inference_mode
+    # (what SiftingDataloader does), train again. Each call kind is a variant with its own
+    # graph: no recompile of the training graph, no warning, no fallback.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Dropout(0.0), nn.Linear(16, 4))
+    eager = copy.deepcopy(model)
+    hasten.compile(model, warn_recompiles=1)  # the most sensitive setting
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+
+    def train_step() -> None:
+        for m, opt in zip((model, eager), opts):
+            m.train()
+            opt.zero_grad()
+            nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            train_step()
+            for m in (model, eager):
+                m.eval()
+            with torch.no_grad():
+                torch.testing.assert_close(model(x), eager(x), rtol=RTOL, atol=ATOL)
+            with torch.inference_mode():
+                xi = torch.randn(6, 8)  # an inference tensor: another dispatch key set
+                out = model(xi)
+                torch.testing.assert_close(out, eager(xi), rtol=RTOL, atol=ATOL)
+            torch.testing.assert_close(model(x), eager(x), rtol=RTOL, atol=ATOL)  # eval + grad
+        train_step()
+    assert not [w for w in caught if "hasten" in str(w.message)], [str(w.message) for w in caught]
+    rep = hasten.compiler.compile_report(model)
+    assert rep.fallback is None and not rep.recompiles, str(rep)
+    assert sorted(g.variant for g in rep.graphs) == [
+        "eval_grad",
+        "eval_inference",
+        "eval_no_grad",
+        "train_grad",
+    ]
+    for a, b in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
+
+
+def _logits_zero_fills(model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> int:
+    """How many logits-sized tensors the backward fills (the zero gradient of unused logits)."""
+    loss, logits = model(x, labels)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        loss.backward()
+    shape = list(logits.shape)
+    return sum(
+        1
+        for e in prof.events()
+        if e.name in ("aten::fill_", "aten::zero_", "aten::zeros")
+        and e.input_shapes
+        and e.input_shapes[0] == shape
+    )
+
+
+def test_loss_computed_from_returned_logits_gets_no_zero_gradient_for_them():
+    from tests.unit.compiler._pass_cases import TinyLM
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    x, labels = torch.randn(256, 8, generator=g), torch.randint(0, 4096, (256,), generator=g)
+    eager = TinyLM()
+    split, whole = copy.deepcopy(eager), copy.deepcopy(eager)
+    hasten.compile(split)
+    hasten.compile(whole, passes={"split_at_returned_logits": False})
+    assert _logits_zero_fills(whole, x, labels) >= 1  # the cost the split removes
+    assert _logits_zero_fills(split, x, labels) == 0
+    rep = hasten.compiler.compile_report(split)
+    assert rep.graph_count == 1 and rep.fallback is None
+    assert any(s.changes.get("graphs_split") for s in rep.pass_stats)
+    # the same values and gradients as eager, also when the logits are backpropagated too
+    for m in (eager, split):
+        m.zero_grad()
+        loss, logits = m(x, labels)
+        (loss + logits.square().mean()).backward()
+    torch.testing.assert_close(split(x, labels), eager(x, labels), rtol=RTOL, atol=ATOL)
+    for a, b in zip(split.parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=RTOL, atol=ATOL)

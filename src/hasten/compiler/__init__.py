@@ -8,8 +8,11 @@ stays cheap.
 
 Pipeline::
 
-    hasten.compile(model)             traps fixed (traps.py), CompiledForward installed (runtime.py)
-    model(x), first call              TorchDynamo captures graphs of hasten_forward [+ autocast]
+    hasten.compile(model)             traps fixed (traps.py), CompiledForward installed (regions.py,
+                                      runtime.py)
+    model(x), first call              regions planned (whole model, or FSDP2 units); TorchDynamo
+                                      captures graphs of hasten_forward [+ autocast], one code
+                                      object per variant (train/eval x grad/no_grad/inference)
       -> backend.HastenBackend        pre-grad passes (passes/), then Inductor's compile_fx with
                                       post-grad passes hooked in; backward lowered eagerly
       -> compiled kernels             later calls: guards checked, a miss recompiles (counted)

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -21,8 +20,8 @@ from torch import nn
 
 from hasten.compiler.config import CompileConfig
 from hasten.compiler.precision import attach_grad_scaler
+from hasten.compiler.regions import install
 from hasten.compiler.report import CompileRecord, CompileReport
-from hasten.compiler.runtime import CompiledForward
 from hasten.compiler.traps import apply_fixes, unwrap_data_parallel
 
 if TYPE_CHECKING:
@@ -76,7 +75,7 @@ def compile(model: nn.Module, config: CompileConfig | None = None, **overrides: 
         attach_grad_scaler(model, device.type)
         if target is not model:
             attach_grad_scaler(target, device.type)
-    target._compiled_call_impl = CompiledForward(target, cfg, record, device.type)
+    install(target, cfg, record, device.type)
     _RECORDS[target] = record
     if target is not model:
         _RECORDS[model] = record
@@ -169,17 +168,7 @@ def explain(
             loss = _something_to_backprop(out)
             if loss is not None:
                 loss.backward()
-    rep = record.report()
-    if not rep.graphs and rep.fallback is None:
-        rep = dataclasses.replace(
-            rep,
-            fixes=(
-                *rep.fixes,
-                "nothing was compiled: TorchDynamo captured no graph (the forward is skipped "
-                "code, or it ran under torch.compiler.disable)",
-            ),
-        )
-    return rep
+    return record.report()  # names it when nothing was compiled (runtime.CompiledForward)
 
 
 def _something_to_backprop(out: Any) -> torch.Tensor | None:

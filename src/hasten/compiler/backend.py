@@ -32,7 +32,7 @@ import torch.fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from hasten.compiler.config import CompileConfig
-from hasten.compiler.passes.registry import get_pass, run_passes
+from hasten.compiler.passes.registry import SPLIT_MARK, get_pass, run_passes
 from hasten.compiler.report import CompileRecord, graph_shape
 
 __all__ = ["HastenBackend", "hasten_backend", "inductor_patches"]
@@ -45,10 +45,19 @@ class HastenBackend:
         config: What to do (passes, mode, Inductor options, cache dir). Defaults to
             ``CompileConfig()``.
         record: Where to log graphs, pass statistics and compile time (a fresh one by default).
+        variant: A label the record keeps with every graph this backend compiles (e.g.
+            ``"eval_no_grad"``, see :class:`~hasten.compiler.runtime.CompiledForward`).
     """
 
-    def __init__(self, config: CompileConfig | None = None, record: CompileRecord | None = None):
+    def __init__(
+        self,
+        config: CompileConfig | None = None,
+        record: CompileRecord | None = None,
+        *,
+        variant: str = "",
+    ):
         self.__name__ = "hasten"  # how TorchDynamo names the backend in errors and logs
+        self.variant = variant
         self.config = config or CompileConfig()
         self.record = record if record is not None else CompileRecord()
         enabled = self.config.enabled_passes()
@@ -70,9 +79,12 @@ class HastenBackend:
             self.config, _device_type(example_inputs), self._post_grad_hook()
         )
         with _scoped(self.config):
-            compiled = compile_fx(gm, example_inputs, config_patches=patches)
+            if getattr(gm, SPLIT_MARK, False):
+                compiled = compile_parts(gm, example_inputs, patches)
+            else:
+                compiled = compile_fx(gm, example_inputs, config_patches=patches)
         seconds = time.perf_counter() - t0
-        self.record.add_graph(shape, seconds)
+        self.record.add_graph(shape, seconds, self.variant)
         with self.record.lock:
             self.record.backend_seconds += seconds
         return compiled
@@ -144,6 +156,30 @@ def _scoped(config: CompileConfig) -> Iterator[None]:
 
             stack.enter_context(temporary_cache_dir(config.cache_dir))
         yield
+
+
+def compile_parts(
+    split: torch.fx.GraphModule, example_inputs: Sequence[Any], patches: dict[str, Any]
+) -> Callable[..., Any]:
+    """Compile each part of a graph a pass split (``submod_*``) with Inductor, on its own.
+
+    TorchDynamo's DDPOptimizer does the same for its gradient buckets; its interpreter is reused:
+    it runs the outer graph on fake tensors, compiles each part with the inputs it receives, and
+    keeps AOTAutograd's per-part metadata apart in Dynamo's tracing context.
+    """
+    from torch._dynamo.backends.distributed import SubmodCompiler
+    from torch._dynamo.utils import _disable_saved_tensors_hooks_during_tracing, detect_fake_mode
+    from torch._inductor.compile_fx import compile_fx
+
+    fake_mode = detect_fake_mode(example_inputs) or torch._subclasses.FakeTensorMode()
+
+    def compile_part(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+        return compile_fx(gm, list(inputs), config_patches=patches)
+
+    with _disable_saved_tensors_hooks_during_tracing():
+        SubmodCompiler(split, compile_part, fake_mode).run(*example_inputs)
+    split.recompile()
+    return split
 
 
 def _device_type(example_inputs: Sequence[Any]) -> str:

@@ -69,12 +69,16 @@ class GraphInfo:
         nodes: Node count of the captured (torch-level) graph, before hasten's passes.
         ops: Count of call nodes by op name (top 10 kept for the report).
         seconds: Time the backend spent compiling it (passes + AOTAutograd + Inductor).
+        variant: Which kind of call it serves: ``"train_grad"`` (training), ``"eval_no_grad"``,
+            ``"eval_inference"``, ... (see :class:`~hasten.compiler.runtime.CompiledForward`);
+            ``""`` for graphs compiled by the backend alone.
     """
 
     index: int
     nodes: int
     ops: tuple[tuple[str, int], ...]
     seconds: float
+    variant: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,8 @@ class CompileReport:
             lines.append(f"  recompile of {rc.function}: guard failed: {guard}")
         for g in self.graphs:
             top = ", ".join(f"{name} x{n}" for name, n in g.ops[:5])
-            lines.append(f"  graph {g.index}: {g.nodes} nodes, {g.seconds:.1f} s  [{top}]")
+            kind = f" ({g.variant})" if g.variant else ""
+            lines.append(f"  graph {g.index}{kind}: {g.nodes} nodes, {g.seconds:.1f} s  [{top}]")
         changed = [s for s in self.pass_stats if s.changed]
         if changed:
             lines.append("  passes:")
@@ -153,12 +158,12 @@ class CompileRecord:
     fallback: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add_graph(self, shape: GraphShape, seconds: float) -> None:
+    def add_graph(self, shape: GraphShape, seconds: float, variant: str = "") -> None:
         """Log one captured graph (its :func:`graph_shape`) and the seconds it took to compile."""
         nodes, ops, reason = shape
         with self.lock:
             self.graphs.append(
-                GraphInfo(len(self.graphs), nodes, tuple(ops.most_common(10)), seconds)
+                GraphInfo(len(self.graphs), nodes, tuple(ops.most_common(10)), seconds, variant)
             )
             if reason is not None and getattr(reason, "graph_break", False):
                 self.graph_breaks.append(graph_break_from(reason))

@@ -1,4 +1,4 @@
-"""The compiled forward hasten installs on a module: fallback, recompile guard, precision.
+"""The compiled forward hasten installs on a module: variants, fallback, recompile guard, precision.
 
 ``hasten.compile(model)`` sets ``model._compiled_call_impl`` to a :class:`CompiledForward`, the
 slot ``nn.Module.compile()`` uses, so ``model(x)`` runs it while the module object, its class,
@@ -9,21 +9,31 @@ One call of the compiled forward::
 
     model(*args)
       -> CompiledForward.__call__
-           compile failed before?        -> eager forward
+           compile failed before?        -> eager
+           pick the variant: train/eval x grad/no_grad/inference, each its own code object
            TorchDynamo frame (guards checked; a miss recompiles -> recompile guard counts it)
              -> hasten_forward: [autocast] module._call_impl(*args) [outputs back to fp32]
            compile error (lazily, at this first call or a recompile):
              fallback="eager" -> run eagerly, warn naming the cause, stay eager from now on
              fallback="raise" -> raise
+
+A *region* is what one :class:`CompiledCode` compiles: the whole call of a module (hooks
+included, ``kind="call"``), or only its ``forward`` with the module's hooks run eagerly around it
+(``kind="forward"``, for FSDP2 units, whose hooks TorchDynamo must not trace; see
+:mod:`hasten.compiler.regions`). Modules of one class with the same parameter shapes share one
+``CompiledCode``, so a stack of identical blocks is traced once.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 import types
 import warnings
+from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -33,11 +43,20 @@ from hasten.compiler.config import CompileConfig
 from hasten.compiler.precision import autocast_dtype, with_autocast
 from hasten.compiler.report import CompileRecord, Recompile
 
-__all__ = ["CompiledForward", "HastenCompileWarning", "RecompileWarning", "is_compile_error"]
+__all__ = [
+    "CompiledCode",
+    "CompiledForward",
+    "HastenCompileWarning",
+    "RecompileWarning",
+    "grad_variant",
+    "is_compile_error",
+]
+
+Kind = Literal["call", "forward"]
 
 
 class HastenCompileWarning(UserWarning):
-    """Compiling failed and the model runs eagerly (``fallback="eager"``)."""
+    """Compiling failed, or compiled nothing, and the model runs eagerly."""
 
 
 class RecompileWarning(UserWarning):
@@ -51,76 +70,123 @@ def is_compile_error(err: BaseException) -> bool:
     return isinstance(err, (dynamo_exc.TorchDynamoException, dynamo_exc.FailOnRecompileLimitHit))
 
 
-def eager_forward(module: nn.Module, config: CompileConfig, device_type: str) -> Callable[..., Any]:
-    """The function hasten compiles for ``module``: its call, with the precision policy.
+def grad_variant(training: bool) -> str:
+    """The variant of a call made now by a module in ``training`` mode.
 
-    A function defined here (not ``module._call_impl`` itself) is what makes TorchDynamo trace
-    modules whose ``forward`` is torch's own code, such as ``nn.Sequential``.
+    ``train`` or ``eval``, joined with ``grad``, ``no_grad`` or ``inference`` (inside
+    ``torch.inference_mode()``), e.g. ``"eval_no_grad"``.
     """
-    call = module._call_impl
-
-    def hasten_forward(*args: Any, **kwargs: Any) -> Any:
-        return call(*args, **kwargs)
-
-    dtype = autocast_dtype(config.precision)
-    if dtype is None:
-        return hasten_forward
-    out_dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
-    return with_autocast(hasten_forward, device_type, dtype, out_dtype)
+    if torch.is_inference_mode_enabled():
+        mode = "inference"
+    elif torch.is_grad_enabled():
+        mode = "grad"
+    else:
+        mode = "no_grad"
+    return f"{'train' if training else 'eval'}_{mode}"
 
 
-class CompiledForward:
-    """Callable installed as ``module._compiled_call_impl`` (see the module docstring)."""
+def hasten_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The function hasten compiles for a ``kind="call"`` region: the module's whole call.
+
+    A function in hasten's own file (not ``module._call_impl`` itself) is what makes TorchDynamo
+    trace modules whose ``forward`` is torch's own code, such as ``nn.Sequential``: Dynamo skips
+    frames of torch's files but inlines them when called from a traced frame.
+    """
+    return module._call_impl(*args, **kwargs)
+
+
+def hasten_region(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The function hasten compiles for a ``kind="forward"`` region: ``forward`` without hooks."""
+    return type(module).forward(module, *args, **kwargs)
+
+
+class CompiledCode:
+    """The compiled functions of one region, shared by the modules it serves.
+
+    It keeps one compiled function per *variant* of a call (see :func:`grad_variant`), each with a
+    code object of its own. TorchDynamo keeps graphs, guards and the recompile count per code
+    object, so evaluating under ``no_grad`` or scoring under ``inference_mode`` compiles its own
+    graph once instead of recompiling the training graph (a grad-mode or dispatch-key guard
+    failure, which would eat into torch's recompile limit of 8), and a recompile counts against
+    the variant it happened in.
+
+    Args:
+        label: Name used in code objects, reports and warnings (a model or block class).
+        kind: ``"call"`` (the module's call, hooks included) or ``"forward"`` (``forward`` only).
+        config: The model's :class:`CompileConfig`.
+        record: The model's :class:`CompileRecord`.
+        device_type: Device type of the parameters (for autocast).
+        out_dtype: Dtype autocast outputs are cast back to (the parameters').
+    """
 
     def __init__(
-        self, module: nn.Module, config: CompileConfig, record: CompileRecord, device_type: str
+        self,
+        label: str,
+        kind: Kind,
+        config: CompileConfig,
+        record: CompileRecord,
+        device_type: str,
+        out_dtype: torch.dtype = torch.float32,
     ) -> None:
-        self.name = type(module).__name__
+        self.label = label if label.isidentifier() else "model"
+        self.kind = kind
         self.config = config
         self.record = record
-        self.eager = _own_code(eager_forward(module, config, device_type), self.name)
-        self.backend = HastenBackend(config, record)
+        fn: Callable[..., Any] = hasten_forward if kind == "call" else hasten_region
+        dtype = autocast_dtype(config.precision)
+        self.eager = fn if dtype is None else with_autocast(fn, device_type, dtype, out_dtype)
         self.failed = False
         self._pending: list[tuple[str, str]] = []
-        self.compiled = torch._dynamo.optimize(
-            self.backend,
-            nopython=config.fullgraph,
-            dynamic=config.dynamic,
-            guard_fail_fn=self._on_guard_fail,
-        )(self.eager)
+        self._variants: dict[str, Callable[..., Any]] = {}
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def compiled(self, variant: str) -> Callable[..., Any]:
+        """The compiled function of ``variant`` (created on first use; Dynamo compiles lazily)."""
+        fn = self._variants.get(variant)
+        if fn is None:
+            fn = torch._dynamo.optimize(
+                HastenBackend(self.config, self.record, variant=variant),
+                nopython=self.config.fullgraph,
+                dynamic=self.config.dynamic,
+                guard_fail_fn=self._on_guard_fail,
+            )(_own_code(self.eager, self.label, variant))
+            self._variants[variant] = fn
+        return fn
+
+    def run(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the region on ``module``: compiled, or eagerly after a failure or when tracing."""
         if self.failed or torch.compiler.is_compiling():
             # Inside another compiled region (the user compiled a function calling this model),
             # the outer trace takes the plain forward in.
-            return self.eager(*args, **kwargs)
+            return self.eager(module, *args, **kwargs)
+        compiled = self.compiled(grad_variant(module.training))
         calls = self.record.backend_calls
         t0 = time.perf_counter()
         try:
-            out = self.compiled(*args, **kwargs)
+            out = compiled(module, *args, **kwargs)
         except Exception as err:
             if self.config.fallback == "raise" or not is_compile_error(err):
                 raise
-            return self._fall_back(err, args, kwargs)
+            return self._fall_back(err, module, args, kwargs)
         finally:
             self._flush_recompiles()
         if self.record.backend_calls != calls:  # this call compiled (or recompiled) a graph
             self.record.compile_seconds += time.perf_counter() - t0
         return out
 
-    def _fall_back(self, err: BaseException, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _fall_back(
+        self, err: BaseException, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         # If eager fails too, the error is the model's or the inputs', not the compiler's: raise
         # eager's error and keep compiling.
-        out = self.eager(*args, **kwargs)
+        out = self.eager(module, *args, **kwargs)
         cause = _one_line(err)
         self.failed = True
         self.record.fallback = cause
-        warnings.warn(
-            f"hasten: compiling {self.name} failed, so it runs eagerly from now on (training "
+        _warn(
+            f"hasten: compiling {self.label} failed, so it runs eagerly from now on (training "
             f"continues, without the speed-up). Cause: {cause}. Pass fallback='raise' to "
             "hasten.compile to get the full error.",
             HastenCompileWarning,
-            stacklevel=3,
         )
         return out
 
@@ -145,35 +211,140 @@ class CompiledForward:
                 self.record.recompiles.append(Recompile(code, guards[0]))
                 causes = [r.guard for r in self.record.recompiles if r.function == code]
             if len(guards) >= limit:  # every cached graph failed and there is no room for more
-                warnings.warn(
-                    f"hasten: {self.name} ({code}) hit torch's recompile limit ({limit}); "
+                _warn(
+                    f"hasten: {self.label} ({code}) hit torch's recompile limit ({limit}); "
                     f"TorchDynamo now runs it eagerly. Guard that failed: {_short(guards[0])}. "
                     "Make the changing value a tensor, or pass dynamic=True for changing shapes.",
                     RecompileWarning,
-                    stacklevel=4,
                 )
             elif self.config.warn_recompiles and len(causes) == self.config.warn_recompiles:
-                warnings.warn(
-                    f"hasten: {self.name} ({code}) was recompiled {len(causes)} times; at {limit} "
-                    "torch stops compiling it and runs it eagerly. Guards that failed: "
+                _warn(
+                    f"hasten: {self.label} ({code}) was recompiled {len(causes)} times; at "
+                    f"{limit} torch stops compiling it and runs it eagerly. Guards that failed: "
                     + "; ".join(_short(c) for c in causes[:3])
                     + ". Changing shapes: pass dynamic=True or pad to a few lengths; a changing "
                     "Python number: make it a tensor. hasten.explain(model, ...) shows more.",
                     RecompileWarning,
-                    stacklevel=4,
                 )
 
 
-def _own_code(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
-    """``fn`` with a code object of its own, named after the model.
+class CompiledForward:
+    """Callable installed as ``module._compiled_call_impl`` (see the module docstring).
+
+    Args:
+        module: The module it serves.
+        code: The region's :class:`CompiledCode` (possibly shared with same-shaped modules).
+        on_first_call: Called with the module before its first call runs; it may re-plan what is
+            compiled (FSDP2 units found, see :mod:`hasten.compiler.regions`) by installing other
+            ``CompiledForward`` objects, on the module (replacing this one, or ``None``: its own
+            call runs eagerly) and its submodules. After that first call, if no graph at all was
+            captured, a
+            :class:`HastenCompileWarning` says why: ``hasten.compile`` never compiles nothing
+            silently.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        code: CompiledCode,
+        on_first_call: Callable[[nn.Module], None] | None = None,
+    ) -> None:
+        self.module = module
+        self.code = code
+        self._first_call = on_first_call
+
+    @property
+    def failed(self) -> bool:
+        """Whether compiling failed and the module runs eagerly."""
+        return self.code.failed
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._first_call is not None and not torch.compiler.is_compiling():
+            return self._run_first(args, kwargs)
+        if self.code.kind == "call":
+            return self.code.run(self.module, args, kwargs)
+        return self._run_forward(args, kwargs)
+
+    def _run_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # kind "forward": the module's hooks (FSDP's unshard/reshard) run eagerly around the
+        # compiled forward, which _call_impl finds as an instance attribute for this one call.
+        module, code = self.module, self.code
+        if torch.compiler.is_compiling():
+            return module._call_impl(*args, **kwargs)
+        module.__dict__["forward"] = lambda *a, **k: code.run(module, a, k)
+        try:
+            return module._call_impl(*args, **kwargs)
+        finally:
+            del module.__dict__["forward"]
+
+    def _run_first(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        plan, self._first_call = self._first_call, None
+        before = graph_break_reasons()
+        if plan is not None:
+            plan(self.module)
+        now = self.module.__dict__.get("_compiled_call_impl")
+        # ``now`` is this object, a region's (the module is an FSDP unit) or None (eager glue)
+        out = self.module._call_impl(*args, **kwargs) if now is None else now(*args, **kwargs)
+        record = self.code.record
+        if not record.graphs and record.fallback is None:
+            reason = nothing_compiled_reason(before)
+            with record.lock:
+                record.fixes.append(f"nothing was compiled: {reason}")
+            _warn(
+                f"hasten: compiling {self.code.label} captured no graph, so it runs eagerly "
+                f"(no speed-up). {reason}. hasten.explain(model, ...) shows more.",
+                HastenCompileWarning,
+            )
+        return out
+
+
+def graph_break_reasons() -> Counter[str]:
+    """TorchDynamo's global tally of graph-break and skip reasons (to diff around a call)."""
+    from torch._dynamo.utils import counters
+
+    tally: Counter[str] = Counter()
+    for group in ("graph_break", "unimplemented"):
+        tally.update(counters[group])
+    return tally
+
+
+def nothing_compiled_reason(before: Counter[str]) -> str:
+    """Why a call captured no graph: new graph-break reasons since ``before``, or a likely cause."""
+    import torch._dynamo.config as dynamo_config
+
+    if dynamo_config.disable:
+        return "TorchDynamo is disabled (TORCH_COMPILE_DISABLE=1 or torch._dynamo.config.disable)"
+    new = graph_break_reasons() - before
+    if new:
+        reason = max(new, key=lambda r: len(r))  # the most specific (chained) explanation
+        return "TorchDynamo skipped it: " + " ".join(reason.split())[:400]
+    return (
+        "TorchDynamo found no tensor operation to capture in a frame it traces (the forward is in "
+        "a file TorchDynamo skips, or runs under torch.compiler.disable)"
+    )
+
+
+def _own_code(fn: Callable[..., Any], label: str, variant: str) -> Callable[..., Any]:
+    """``fn`` with a code object of its own, named after the model and the variant.
 
     TorchDynamo keeps compiled graphs, and counts recompiles against its limit (8), per code
     object. Every hasten-compiled model runs the same ``hasten_forward`` code, so without this the
     ninth model compiled in one process would hit the limit and silently run eagerly.
     """
-    name = f"hasten_forward_{label}" if label.isidentifier() else "hasten_forward"
+    name = f"hasten_forward_{label}" + ("" if variant == "train_grad" else f"_{variant}")
     code = fn.__code__.replace(co_name=name)
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def _warn(message: str, category: type[Warning]) -> None:
+    """Warn at the user's line: the first frame outside hasten's compiler and torch's modules."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
+_INTERNAL = (os.path.dirname(__file__), os.path.dirname(nn.Module.__call__.__code__.co_filename))
 
 
 def _short(guard: str) -> str:

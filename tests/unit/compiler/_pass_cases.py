@@ -2,7 +2,8 @@
 
 Every registered pass needs an entry in :data:`PASS_CASES` (a test enforces it). A case builds a
 module and its inputs; ``min_changes`` is how many changes the pass must report on it (0 for cases
-it must leave alone).
+it must leave alone). A pass that draws other random numbers than eager (dropout) cannot match
+eager's outputs; its cases give ``check``, which tests what must hold for any draw instead.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class PassCase:
     inputs: Callable[[torch.Generator], tuple[Any, ...]]
     min_changes: int
     slow: bool = False
+    # (inputs, outputs, input gradients) -> None, asserting; replaces the comparison with eager
+    check: Callable[[tuple[Any, ...], list[torch.Tensor], list[torch.Tensor]], None] | None = None
 
 
 class NanoGPTAttention(nn.Module):
@@ -121,6 +124,96 @@ class MutatedAfterMulByOne(nn.Module):
         return h + y
 
 
+class TinyLM(nn.Module):
+    """Returns the loss and the logits it came from, as Transformers language models do."""
+
+    def __init__(self, vocab: int = 4096) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.head = nn.Linear(16, vocab)  # 256 tokens x 4096 = 2**20 logits: at the threshold
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.head(torch.tanh(self.body(x)))
+        return F.cross_entropy(logits.float(), labels), logits
+
+
+class TinyLMPredictions(TinyLM):
+    """The logits feed only an argmax (no gradient flows there): nothing to split."""
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.head(torch.tanh(self.body(x)))
+        return logits, (logits.argmax(-1) == labels).float().mean()
+
+
+def _lm_batch(g: torch.Generator) -> tuple[Any, ...]:
+    return torch.randn(256, 8, generator=g), torch.randint(0, 4096, (256,), generator=g)
+
+
+class TanhMLP(nn.Module):
+    """The first bias feeds tanh only (unfused); the second is the output (left fused)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)))
+
+
+class MaskedAttentionDropout(nn.Module):
+    """SDPA with dropout and a padding mask; v is given, so ``v = I`` shows the probabilities."""
+
+    def __init__(self, p: float = 0.2) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=self.p)
+
+
+def _dropout_inputs(g: torch.Generator) -> tuple[Any, ...]:
+    return (torch.randn(64, 1024, generator=g).abs().add(0.1).requires_grad_(),)
+
+
+def _check_dropout(p: float) -> Callable[[tuple[Any, ...], list, list], None]:
+    def check(inputs: tuple[Any, ...], outs: list, grads: list) -> None:
+        (x,), (out,) = inputs, outs
+        kept = out != 0
+        # every element is dropped or scaled by 1/(1-p), exactly
+        torch.testing.assert_close(out[kept], x.detach()[kept] / (1 - p), rtol=1e-6, atol=0)
+        dropped = 1 - kept.float().mean().item()
+        assert abs(dropped - p) < 0.01, dropped  # 65536 draws: 0.01 is over 5 sigma
+        # the backward uses the same mask: d mean(out^2) / dx = 2 out / (1-p) / n where kept
+        torch.testing.assert_close(grads[0], 2 * out / (1 - p) / out.numel() * kept)
+
+    return check
+
+
+def _attention_inputs(g: torch.Generator) -> tuple[Any, ...]:
+    q, k = torch.randn(2, 2, 64, 8, generator=g), torch.randn(2, 2, 64, 8, generator=g)
+    keep = torch.ones(2, 1, 64, 64, dtype=torch.bool)
+    keep[1, ..., 40:] = False  # padded keys in the second sequence
+    eye = torch.eye(64).expand(2, 2, 64, 64).clone().requires_grad_()
+    return q, k, eye, keep
+
+
+def _check_attention_dropout(inputs: tuple[Any, ...], outs: list, grads: list) -> None:
+    q, k, _, keep = inputs
+    (out,) = outs
+    probs = F.scaled_dot_product_attention(q, k, torch.eye(64).expand(2, 2, 64, 64), keep)
+    kept = out != 0
+    torch.testing.assert_close(out[kept], probs[kept] / 0.8, rtol=1e-5, atol=1e-7)
+    assert not kept[1, ..., 40:].any()  # masked keys stay masked
+    live = probs > 0
+    dropped = 1 - (kept & live).sum().item() / live.sum().item()
+    assert abs(dropped - 0.2) < 0.02, dropped  # ~14000 live probabilities
+    assert grads[-1].shape == out.shape and torch.isfinite(grads[-1]).all()
+
+
+def _lm_batch_small(g: torch.Generator) -> tuple[Any, ...]:
+    return torch.randn(256, 8, generator=g), torch.randint(0, 64, (256,), generator=g)
+
+
 def _x(*shape: int) -> Callable[[torch.Generator], tuple[Any, ...]]:
     return lambda g: (torch.randn(*shape, generator=g, requires_grad=True),)
 
@@ -190,6 +283,24 @@ def _additive(g: torch.Generator) -> tuple[Any, ...]:
 
 
 PASS_CASES: dict[str, list[PassCase]] = {
+    "cheap_dropout_rng": [
+        PassCase("dropout", lambda: nn.Dropout(0.3), _dropout_inputs, 1, check=_check_dropout(0.3)),
+        PassCase(
+            "attention_dropout",
+            MaskedAttentionDropout,
+            _attention_inputs,
+            1,
+            check=_check_attention_dropout,
+        ),
+        PassCase("eval_dropout_left_alone", lambda: nn.Dropout(0.3).eval(), _dropout_inputs, 0),
+        PassCase("no_attention_dropout", lambda: MaskedAttentionDropout(0.0), _attention_inputs, 0),
+    ],
+    "unfuse_bias_add": [PassCase("bias_into_tanh", TanhMLP, _x(4, 8), 1)],
+    "split_at_returned_logits": [
+        PassCase("loss_and_logits", TinyLM, _lm_batch, 1),
+        PassCase("logits_only_predicted", TinyLMPredictions, _lm_batch, 0),
+        PassCase("small_logits_left_alone", lambda: TinyLM(vocab=64), _lm_batch_small, 0),
+    ],
     "simplify": [
         PassCase("noop_chain", NoOpChain, _x(2, 4, 8), 9),
         PassCase("mutated_copy_kept", MutatedAfterMulByOne, _x(2, 8), 0),

@@ -85,3 +85,35 @@ def test_user_errors_are_not_swallowed_and_do_not_disable_compilation(failing_pa
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
         model(torch.randn(2, 5))  # wrong width: eager raises the same error
     assert not model._compiled_call_impl.failed
+
+
+class Disabled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    @torch.compiler.disable
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).relu()
+
+
+def test_a_model_dynamo_skips_entirely_warns_that_nothing_was_compiled():
+    model = hasten.compile(Disabled())
+    x = torch.randn(3, 4)
+    with pytest.warns(HastenCompileWarning, match="captured no graph.*TorchDynamo skipped it"):
+        out = model(x)
+    torch.testing.assert_close(out, model.lin(x).relu())
+    rep = hasten.compiler.compile_report(model)
+    assert rep.graph_count == 0 and any("nothing was compiled" in f for f in rep.fixes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once, at the first call
+        model(x)
+
+
+def test_nothing_compiled_names_a_disabled_dynamo():
+    model = hasten.compile(nn.Linear(4, 4))
+    with (
+        torch._dynamo.config.patch(disable=True),
+        pytest.warns(HastenCompileWarning, match="TorchDynamo is disabled"),
+    ):
+        model(torch.randn(2, 4))

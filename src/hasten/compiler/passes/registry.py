@@ -10,6 +10,10 @@ place and reports what it changed through :func:`record`. It runs at one *stage*
     on each forward and backward graph AOTAutograd produced (ATen ops), through Inductor's
     ``post_grad_custom_pre_pass`` hook, just before Inductor generates kernels.
 
+A pre-grad pass may also cut the graph into parts (``torch.fx.passes.split_module``: a graph
+calling submodules ``submod_0``, ``submod_1``, ...) and set the attribute :data:`SPLIT_MARK` on
+it; the backend then compiles each part on its own (see ``passes/split.py``).
+
 Registering a pass::
 
     @register_pass("my_pass", stage="pre_grad", default=True)
@@ -33,6 +37,7 @@ from typing import Any, Literal
 import torch.fx
 
 __all__ = [
+    "SPLIT_MARK",
     "STAGES",
     "GraphPass",
     "PassFn",
@@ -47,6 +52,7 @@ __all__ = [
 Stage = Literal["pre_grad", "post_grad"]
 STAGES: tuple[Stage, ...] = ("pre_grad", "post_grad")
 PassFn = Callable[[torch.fx.GraphModule, Sequence[Any]], torch.fx.GraphModule]
+SPLIT_MARK = "_hasten_split"  # set on a graph a pass split into parts to compile one by one
 
 
 @dataclass(frozen=True)
@@ -130,9 +136,15 @@ def get_pass(name: str) -> GraphPass:
 
 
 def pass_names(stage: Stage | None = None) -> tuple[str, ...]:
-    """Names of the registered passes (of one stage), in registration (= pipeline) order."""
+    """Names of the registered passes (of one stage), in pipeline order.
+
+    hasten's own passes run in the order of :data:`_BUILTIN_ORDER` (whatever order their modules
+    were imported in), then other registered passes in registration order.
+    """
     _load_builtin_passes()
-    return tuple(n for n, p in _REGISTRY.items() if stage is None or p.stage == stage)
+    rank = {n: i for i, n in enumerate(_BUILTIN_ORDER)}
+    names = sorted(_REGISTRY, key=lambda n: rank.get(n, len(rank)))  # stable: keeps the rest
+    return tuple(n for n in names if stage is None or _REGISTRY[n].stage == stage)
 
 
 def record(kind: str, count: int = 1) -> None:
@@ -183,6 +195,15 @@ def _recording(stats: PassStats) -> Iterator[None]:
 
 
 _LOADED = False
+# Pipeline order of the built-in passes: rewrites first, the split last (it cuts the rewritten
+# graph into parts, which later pre-grad passes would not see into).
+_BUILTIN_ORDER = (
+    "attention_to_sdpa",
+    "cheap_dropout_rng",
+    "simplify",
+    "split_at_returned_logits",
+    "unfuse_bias_add",
+)
 
 
 def _load_builtin_passes() -> None:
@@ -191,4 +212,4 @@ def _load_builtin_passes() -> None:
     global _LOADED
     if not _LOADED:
         _LOADED = True
-        from hasten.compiler.passes import attention, simplify  # noqa: F401
+        from hasten.compiler.passes import attention, bias, dropout, simplify, split  # noqa: F401
