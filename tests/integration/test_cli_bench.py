@@ -36,7 +36,9 @@ def test_bench_compile_tiny_mlp_all_candidates(tmp_path, capsys):
     (result,) = json.loads(path.read_text())["results"]
     cands = {c["name"]: c for c in result["candidates"]}
     assert cands["eager"]["error"] is None and cands["torch.compile"]["error"] is None
-    assert cands["torch.compile"]["compile_s"] > 0.1
+    # compiling shows up apart from the steps (fast when an identical graph is already in the
+    # in-process cache, as after other tests: only above zero is certain)
+    assert cands["torch.compile"]["compile_s"] > 0.0
     if _hasten_api.compiler_unavailable() is None:
         assert cands["hasten"]["error"] is None, cands["hasten"]["error"]
     else:

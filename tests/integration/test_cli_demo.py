@@ -30,7 +30,7 @@ def test_demo_quick_writes_table_plot_and_json(tmp_path, capsys):
     if not sifting_missing:
         # the default sifting feeds the training step's own losses back: no scoring forward
         assert rows["sifting"]["samples_scored"] == 0
-        assert result["runs"]["sifting"]["info"]["config"]["policy"] == "stale_relative"
+        assert result["runs"]["sifting"]["info"]["config"]["policy"] == "unbiased"
     if not compiler_missing:
         assert rows["hasten.compile"]["compile_s"] > 0
     for name, run in result["runs"].items():

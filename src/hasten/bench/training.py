@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from hasten.bench import _hasten_api
 from hasten.bench.datasets import SplitData
 from hasten.bench.harness import count_flops, synchronize
 from hasten.bench.tasks import Task, lr_at
@@ -162,8 +163,9 @@ class RunRecord:
 
     ``compute`` counts forward = 1 and backward = 2 per sample: 3 per backpropagated sample plus
     1 per sample scored by an extra forward. ``flops`` is ``compute`` times the measured forward
-    FLOPs of one sample. ``wall_s`` is training time (evaluation excluded; compilation included,
-    and also reported apart as ``compile_s`` when a ``prepare_model`` compiles).
+    FLOPs of one sample. ``wall_s`` is training time (evaluation and compilation excluded; when a
+    ``prepare_model`` compiles, compile time is ``compile_s``: the warm-up's, plus that of any
+    recompile during the run, such as a short last batch under a new size guard).
     """
 
     task: str
@@ -280,7 +282,8 @@ def train_iter(
         device: Where to train.
         prepare_model: Applied to the fresh model before training (for example
             ``hasten.compile``). The model is then warmed up (see :func:`_warm_up`) and its
-            weights restored; that time is ``compile_s``, kept apart from ``wall_s``.
+            weights restored; that time, and any compiling later in the run, is
+            ``compile_s``, kept apart from ``wall_s``.
         evals_per_epoch: Test-accuracy evaluations per pass over the data (clock paused), for
             curves and ``target``; the final accuracy is always measured.
         target: Stop at the first evaluation whose test accuracy reaches this.
@@ -342,7 +345,22 @@ def train_iter(
     loader = make_loader()
 
     backprop = steps = 0
-    clock = 0.0  # training seconds, evaluation excluded
+    clock = 0.0  # training seconds, evaluation and compilation excluded
+    compiled_s = [_hasten_api.compile_seconds(model) if prepare_model is not None else 0.0]
+
+    def lap(t0: float) -> float:
+        # Seconds since t0 less any compiling in them (a recompile for an odd batch size in
+        # mid-run), which goes to compile_s: steady-state time and compile time stay apart.
+        nonlocal compile_s
+        elapsed = time.perf_counter() - t0
+        if prepare_model is None:
+            return elapsed
+        now = _hasten_api.compile_seconds(model)
+        spent, compiled_s[0] = now - compiled_s[0], now
+        if spent > 0:
+            compile_s = (compile_s or 0.0) + spent
+        return max(0.0, elapsed - spent)
+
     curve: list[dict[str, float]] = []
     reached: float | None = None
     eval_every = n / evals_per_epoch if evals_per_epoch else math.inf
@@ -391,7 +409,7 @@ def train_iter(
                 stop = True
             if dataset.reads >= next_eval or stop:
                 synchronize(device)
-                clock += time.perf_counter() - t0
+                clock += lap(t0)
                 while next_eval <= dataset.reads:
                     next_eval += eval_every
                 if evals_per_epoch:
@@ -404,7 +422,7 @@ def train_iter(
                     break
         else:
             synchronize(device)
-            clock += time.perf_counter() - t0
+            clock += lap(t0)
         epoch += 1
     final_acc = evaluate(model, x_test, y_test)
     if not curve or curve[-1]["samples_backprop"] != backprop:
