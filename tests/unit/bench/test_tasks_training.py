@@ -191,3 +191,40 @@ def test_interleaved_runs_match_separate_runs_and_clocks_pause():
         assert [p["test_acc"] for p in rec.curve] == [p["test_acc"] for p in alone.curve]
     # each run's clock ran only while it trained: never through the other run or the sleeps
     assert records[0].wall_s + records[1].wall_s < elapsed - slept + 0.05
+
+
+def test_compiling_during_a_run_goes_to_compile_s_not_to_the_step_clock(monkeypatch):
+    import time
+
+    from hasten.bench import _hasten_api, training
+
+    # A stand-in for a recompile in mid-run: each training forward "compiles" for 20 ms,
+    # which the model's compile record reports.
+    state = {"compiled": 0.0, "training": False}
+
+    class SlowFirstCalls(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            if state["training"] and self.training:
+                time.sleep(0.02)
+                state["compiled"] += 0.02
+            return self.inner(x)
+
+    def prepare(model):
+        return SlowFirstCalls(model)
+
+    monkeypatch.setattr(_hasten_api, "compile_seconds", lambda m: state["compiled"])
+    real_warm_up = training._warm_up
+
+    def warm_up(*args, **kwargs):
+        real_warm_up(*args, **kwargs)
+        state["training"] = True  # from here on, the clock runs
+
+    monkeypatch.setattr(training, "_warm_up", warm_up)
+    rec = train_run(TINY.with_(epochs=1), FullData(), seed=0, prepare_model=prepare)
+    assert state["compiled"] >= 0.02 * rec.steps > 0
+    assert rec.compile_s >= state["compiled"]  # warm-up plus the mid-run compiling
+    assert rec.wall_s < state["compiled"]  # a clock that included the sleeps would exceed it
