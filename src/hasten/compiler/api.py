@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from hasten._modules import module_device
 from hasten.compiler.config import CompileConfig
 from hasten.compiler.precision import attach_grad_scaler
 from hasten.compiler.regions import install
@@ -65,7 +66,7 @@ def compile(model: nn.Module, config: CompileConfig | None = None, **overrides: 
     """
     cfg = _config(config, overrides)
     target, note = unwrap_data_parallel(_check_model(model))
-    device = _device_of(target)
+    device = module_device(target)
     cfg.check_device(device)  # before anything changes the model
     record = CompileRecord()
     if note:
@@ -116,14 +117,6 @@ def _check_model(model: Any) -> nn.Module:
             "training-step function use hasten.compile_step"
         )
     return model
-
-
-def _device_of(module: nn.Module) -> torch.device:
-    for t in module.parameters():
-        return t.device
-    for t in module.buffers():
-        return t.device
-    return torch.device("cpu")
 
 
 def explain(

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hasten._modules import module_device
 from hasten.sifting._runtime import (
     gather_counts,
     get_loader_generator_states,
@@ -428,7 +429,7 @@ class SiftingDataloader:
         return self._delay_done < self.sift_config.sift_delay
 
     def _run(self, token: int) -> Iterator[Any]:
-        device = self._device or _model_device(self.model)
+        device = self._device or module_device(self.model)
         it = self._begin_epoch(device)
         stats, stage = self.stats, self.stats.stage_seconds
         mark = time.perf_counter()
@@ -821,14 +822,6 @@ def _check_loss(loss_impl: Any) -> SupportsLoss:
             f"callable fn(model, batch); got {type(loss_impl).__name__}"
         )
     return loss
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    for t in model.parameters():
-        return t.device
-    for t in model.buffers():
-        return t.device
-    return torch.device("cpu")
 
 
 def _config_repr(config: Any) -> Any:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hasten._modules import module_device
 from hasten.sifting.batch import move_to_device
 from hasten.sifting.exceptions import LossImplementationNotProvidedException
 from hasten.sifting.loss import SupportsLoss, as_loss
@@ -124,7 +125,7 @@ class Scorer:
         from torch.utils.data import DataLoader
 
         idx = torch.as_tensor(indices, dtype=torch.int64).reshape(-1).cpu()
-        device = self.device or _model_device(self.model)
+        device = self.device or module_device(self.model)
         if idx.numel() == 0:
             return torch.empty(0, device=device)
         t0 = time.perf_counter()
@@ -163,11 +164,3 @@ class Scorer:
         self.stats.passes += 1
         self.stats.seconds += time.perf_counter() - t0
         return result
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    for t in model.parameters():
-        return t.device
-    for t in model.buffers():
-        return t.device
-    return torch.device("cpu")
