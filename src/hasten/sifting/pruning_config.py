@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from hasten.sifting.config import _from_mapping, _set
 from hasten.sifting.exceptions import SiftConfigValidationException
 
 __all__ = [
@@ -159,22 +160,11 @@ def coerce_pruning_config(config: Any) -> Any:
                 f"a pruning config dict needs 'policy' set to one of "
                 f"{sorted(PRUNING_CONFIGS)}, got {name!r}"
             )
-        cls = PRUNING_CONFIGS[name]
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(str(k) for k in data if k not in known)
-        if unknown:
-            raise SiftConfigValidationException(
-                f"unknown key(s) {unknown} for {cls.__name__}; allowed: {sorted(known)}"
-            )
-        return cls(**data)
+        return _from_mapping(PRUNING_CONFIGS[name], data, "pruning config")
     raise SiftConfigValidationException(
         f"config must be a pruning config (UnbiasedPruningConfig, StaleRelativePruningConfig) "
         f"or a dict with a 'policy' key, got {type(config).__name__}"
     )
-
-
-def _set(obj: object, name: str, value: Any) -> None:
-    object.__setattr__(obj, name, value)  # frozen dataclass: normalise in __post_init__ only
 
 
 def _fraction(value: Any, name: str, *, upper_open: bool = False) -> float:
