@@ -13,6 +13,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from hasten.bench.report import compile_table, demo_table, machine_line, sift_table
@@ -63,20 +64,28 @@ def render_block(name: str) -> str:
     return "\n".join(parts)
 
 
+def update_blocks(doc: Path, render: Callable[[str], str], *, check: bool, command: str) -> int:
+    """Rewrite every block of ``doc`` with ``render(name)``; with ``check``, only compare.
+
+    Returns the exit status: 1 when ``check`` finds the file out of date (``command`` fixes it).
+    """
+    text = doc.read_text(encoding="utf-8")
+    new = BLOCK.sub(lambda m: m.group(1) + render(m.group("name")) + m.group(4), text)
+    if check:
+        if new != text:
+            print(f"{doc.name} is out of date: run {command}", file=sys.stderr)
+            return 1
+        return 0
+    doc.write_text(new, encoding="utf-8")
+    print(f"rendered {doc}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="fail if the file is out of date")
     args = parser.parse_args()
-    text = DOC.read_text(encoding="utf-8")
-    new = BLOCK.sub(lambda m: m.group(1) + render_block(m.group("name")) + m.group(4), text)
-    if args.check:
-        if new != text:
-            print("BENCHMARKS.md is out of date: run python benchmarks/render.py", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(new, encoding="utf-8")
-    print(f"rendered {DOC}")
-    return 0
+    return update_blocks(DOC, render_block, check=args.check, command="python benchmarks/render.py")
 
 
 if __name__ == "__main__":

@@ -14,19 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
+from render import update_blocks  # benchmarks/render.py, beside this script
+
 from hasten.bench.report import format_table, machine_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DOC = RESULTS / "sift-policies.md"
-BLOCK = re.compile(
-    r"(<!-- BEGIN (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- END (?P=name) -->)", re.S
-)
 TARGET_SAVING = 0.45
 TARGET_POINTS = 0.3
 EQUAL_COMPUTE_SAGEMAKER = "sift-b6"
@@ -210,16 +208,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    text = DOC.read_text(encoding="utf-8")
-    new = BLOCK.sub(lambda m: m.group(1) + render(m.group("name")) + m.group(4), text)
-    if args.check:
-        if new != text:
-            print(f"{DOC} is out of date: run {Path(__file__).name}", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(new, encoding="utf-8")
-    print(f"rendered {DOC}")
-    return 0
+    return update_blocks(
+        DOC, render, check=args.check, command="python benchmarks/sift_policies_summary.py"
+    )
 
 
 if __name__ == "__main__":
