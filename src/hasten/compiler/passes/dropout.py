@@ -26,7 +26,7 @@ dropout, ``@ v``) with the cheap dropout. Calls with ``enable_gqa`` are left alo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -103,11 +103,7 @@ def cheap_dropout_rng(
             continue
         if not value.is_floating_point():
             continue
-        with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(cheap_dropout, (x, p))
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
+        _replace_with_call(gm, node, cheap_dropout, (x, p), {})
         record("dropout_rewritten")
     return gm
 
@@ -127,9 +123,20 @@ def _attention(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
         return
     qkv = tuple(given.get(name) for name in _SDPA_ARGS[:3])
     rest = {name: given[name] for name in _SDPA_ARGS[3:] if name in given}
+    _replace_with_call(gm, node, cheap_dropout_attention, qkv, rest)
+    record("attention_dropout_rewritten")
+
+
+def _replace_with_call(
+    gm: torch.fx.GraphModule,
+    node: torch.fx.Node,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    """Put a call of ``fn`` (with ``node``'s metadata) in ``node``'s place and remove ``node``."""
     with gm.graph.inserting_before(node):
-        new = gm.graph.call_function(cheap_dropout_attention, qkv, rest)
+        new = gm.graph.call_function(fn, args, kwargs)
     new.meta = dict(node.meta)
     node.replace_all_uses_with(new)
     gm.graph.erase_node(node)
-    record("attention_dropout_rewritten")

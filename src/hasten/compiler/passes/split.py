@@ -44,12 +44,12 @@ def split_at_returned_logits(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
 ) -> torch.fx.GraphModule:
     """Split the graph after a large returned tensor the loss is computed from (no zero grad)."""
-    cut = _cut_node(gm)
-    if cut is None:
+    found = _cut_node(gm)
+    if found is None:
         return gm
     from torch.fx.passes.split_module import split_module
 
-    later = _dependents(cut)
+    _, later = found
     split = split_module(gm, gm, lambda n: 1 if n in later else 0, keep_original_order=True)
     _carry_dynamo_metadata(gm, split)
     setattr(split, SPLIT_MARK, True)
@@ -57,13 +57,14 @@ def split_at_returned_logits(
     return split
 
 
-def _cut_node(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+def _cut_node(gm: torch.fx.GraphModule) -> tuple[torch.fx.Node, set[torch.fx.Node]] | None:
+    """The output node to cut after, with every node computed from it; ``None``: no cut."""
     if any(_symbolic(example_value(n)) for n in gm.graph.find_nodes(op="placeholder")):
         return None
     output = next(iter(gm.graph.find_nodes(op="output")))
     flat: list[torch.fx.Node] = []
     torch.fx.node.map_arg(output.args, flat.append)
-    best: torch.fx.Node | None = None
+    best: tuple[torch.fx.Node, set[torch.fx.Node]] | None = None
     for node in dict.fromkeys(flat):  # unique, in order
         value = example_value(node)
         if not _large_grad_tensor(value) or len(node.users) < 2:
@@ -71,8 +72,8 @@ def _cut_node(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
         later = _dependents(node)
         if not any(n in later and _grad_tensor(example_value(n)) for n in flat if n is not node):
             continue
-        if best is None or example_value(best).numel() < value.numel():
-            best = node
+        if best is None or example_value(best[0]).numel() < value.numel():
+            best = (node, later)
     return best
 
 
