@@ -346,17 +346,17 @@ def train_iter(
 
     backprop = steps = 0
     clock = 0.0  # training seconds, evaluation and compilation excluded
-    compiled_s = [_hasten_api.compile_seconds(model) if prepare_model is not None else 0.0]
+    compiled_so_far = _hasten_api.compile_seconds(model) if prepare_model is not None else 0.0
 
     def lap(t0: float) -> float:
         # Seconds since t0 less any compiling in them (a recompile for an odd batch size in
         # mid-run), which goes to compile_s: steady-state time and compile time stay apart.
-        nonlocal compile_s
+        nonlocal compile_s, compiled_so_far
         elapsed = time.perf_counter() - t0
         if prepare_model is None:
             return elapsed
         now = _hasten_api.compile_seconds(model)
-        spent, compiled_s[0] = now - compiled_s[0], now
+        spent, compiled_so_far = now - compiled_so_far, now
         if spent > 0:
             compile_s = (compile_s or 0.0) + spent
         return max(0.0, elapsed - spent)
