@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from hasten.sifting._runtime import loader_batch_size, loader_drop_last
+from hasten.sifting._stream import PassStream
 from hasten.sifting.loader import SiftingDataloader
 
 __all__ = ["SiftedEpochs", "expected_batches"]
@@ -65,7 +67,7 @@ def expected_batches(loader: SiftingDataloader, passes: int = 1, *, delay: bool 
             f"{type(orig).__name__} has none (an IterableDataset without __len__?); give the "
             "dataset a __len__, or train by steps and pass epoch_length=<batches per epoch>"
         ) from err
-    batch = _batch_size(orig)
+    batch = loader_batch_size(orig)
     if batch is None:
         raise TypeError(
             "fixed-length epochs need the wrapped loader's batch size, and it has none (a custom "
@@ -73,7 +75,7 @@ def expected_batches(loader: SiftingDataloader, passes: int = 1, *, delay: bool 
         )
     samples = n_in * batch
     batch_sampler = getattr(orig, "batch_sampler", None)
-    drop_last = bool(getattr(batch_sampler, "drop_last", getattr(orig, "drop_last", False)))
+    drop_last = loader_drop_last(orig)
     if not drop_last and type(batch_sampler) is torch.utils.data.BatchSampler:
         with contextlib.suppress(TypeError):  # the last batch of a pass may be short
             samples = len(batch_sampler.sampler)  # type: ignore[arg-type]
@@ -90,15 +92,6 @@ def expected_batches(loader: SiftingDataloader, passes: int = 1, *, delay: bool 
         batches = math.floor(kept / batch + 1e-9) if drop_last else math.ceil(kept / batch - 1e-9)
         total += passed + batches
     return total
-
-
-def _batch_size(orig: Any) -> int | None:
-    # a DataLoader's own, else its batch sampler's (Accelerate's loaders keep it there)
-    for owner in (orig, getattr(orig, "batch_sampler", None)):
-        size = getattr(owner, "batch_size", None)
-        if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
-            return size
-    return None
 
 
 class SiftedEpochs:
@@ -138,10 +131,8 @@ class SiftedEpochs:
         _check_same_on_all_ranks(epoch_length)
         self.loader = loader
         self.epoch_length = epoch_length
-        self.data_epoch = -1
         self.epoch: int | None = None
-        self._it: Iterator[Any] | None = None  # the data pass in progress
-        self._yielded_in_pass = 0
+        self._passes = PassStream(self._start_pass)
         self._token = 0
 
     def __len__(self) -> int:
@@ -167,30 +158,16 @@ class SiftedEpochs:
                     "this SiftedEpochs iterator is stale: a newer `for` loop or load_state_dict "
                     "took over the data stream; start a new `for` loop"
                 )
-            yield self._next()
+            yield self._passes.next()
 
-    def _next(self) -> Any:
-        empty_passes = 0
-        while True:
-            if self._it is None:
-                self.data_epoch += 1
-                self._yielded_in_pass = 0
-                self.loader.set_epoch(self.data_epoch)
-                self._it = iter(self.loader)
-            try:
-                batch = next(self._it)
-            except StopIteration:
-                self._it = None
-                empty_passes = empty_passes + 1 if self._yielded_in_pass == 0 else 0
-                if empty_passes >= 2:
-                    raise RuntimeError(
-                        "the sifting loader yielded no batch in two data passes in a row (an empty "
-                        "dataset, or a policy that keeps nothing under drop_last=True); fixed-length "
-                        "epochs cannot be filled"
-                    ) from None
-                continue
-            self._yielded_in_pass += 1
-            return batch
+    @property
+    def data_epoch(self) -> int:
+        """Index of the data pass in progress (or last finished); -1 before the first."""
+        return self._passes.data_epoch
+
+    def _start_pass(self, data_epoch: int) -> Iterator[Any]:
+        self.loader._set_pass_epoch(data_epoch)
+        return self.loader._iter_pass()
 
     # ------------------------------------------------------------------ checkpointing
 
@@ -198,9 +175,7 @@ class SiftedEpochs:
         """The sifting loader's state (mid-pass included) and the stream's position."""
         return {
             "loader": self.loader.state_dict(),
-            "data_epoch": self.data_epoch,
-            "in_pass": self._it is not None,
-            "yielded_in_pass": self._yielded_in_pass,
+            **self._passes.state_dict(),
             "epoch_length": self.epoch_length,
             "epoch": self.epoch,
         }
@@ -213,12 +188,10 @@ class SiftedEpochs:
                 f"has {self.epoch_length}; build it with epoch_length={state['epoch_length']}"
             )
         self.loader.load_state_dict(state["loader"])
-        self.data_epoch = state["data_epoch"]
-        self._yielded_in_pass = state["yielded_in_pass"]
         self.epoch = state["epoch"]
         self._token += 1
         # mid-pass: a new iterator over the loader finishes the interrupted pass
-        self._it = iter(self.loader) if state["in_pass"] else None
+        self._passes.load_state_dict(state, self.loader._iter_pass)
 
     def __repr__(self) -> str:
         return f"SiftedEpochs({self.loader!r}, epoch_length={self.epoch_length})"

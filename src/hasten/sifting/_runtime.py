@@ -12,6 +12,8 @@ __all__ = [
     "gather_counts",
     "get_loader_generator_states",
     "is_iterable_style",
+    "loader_batch_size",
+    "loader_drop_last",
     "rank",
     "set_loader_generator_states",
     "shuffles_globally",
@@ -22,6 +24,36 @@ def is_iterable_style(loader: Any) -> bool:
     """Whether short batches may come mid-epoch (iterable datasets, or no dataset known)."""
     dataset = getattr(loader, "dataset", None)
     return dataset is None or isinstance(dataset, torch.utils.data.IterableDataset)
+
+
+def loader_batch_size(loader: Any) -> int | None:
+    """The batch size of each batch ``loader`` yields to this process, where it can be found.
+
+    A DataLoader's own ``batch_size``, else its batch sampler's: a DataLoader built with
+    ``batch_sampler=`` (a custom one with a ``batch_size`` attribute) has ``batch_size=None``, and
+    so have Accelerate's ``DataLoaderShard`` and ``DataLoaderDispatcher`` (what the Hugging Face
+    Trainer hands out), whose ``BatchSamplerShard`` keeps the size; under Accelerate's
+    ``split_batches`` each process gets its share of it. ``None`` when no size is found.
+    """
+    for owner in (loader, getattr(loader, "batch_sampler", None)):
+        size = getattr(owner, "batch_size", None)
+        if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+            break
+    else:
+        return None
+    if getattr(owner, "split_batches", False):
+        procs = getattr(owner, "num_processes", None)
+        if procs is None:  # DataLoaderDispatcher keeps it on its state
+            procs = getattr(getattr(owner, "state", None), "num_processes", 1)
+        size //= max(1, int(procs))
+    return size
+
+
+def loader_drop_last(loader: Any) -> bool:
+    """Whether ``loader`` drops its last, short batch (its batch sampler's setting, where it has
+    one: a DataLoader built with ``batch_sampler=`` reports ``drop_last=False`` itself)."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    return bool(getattr(batch_sampler, "drop_last", getattr(loader, "drop_last", False)))
 
 
 def _loader_generators(loader: Any) -> list[torch.Generator]:

@@ -43,10 +43,13 @@ from hasten.sifting._runtime import (
     gather_counts,
     get_loader_generator_states,
     is_iterable_style,
+    loader_batch_size,
+    loader_drop_last,
     rank,
     set_loader_generator_states,
     shuffles_globally,
 )
+from hasten.sifting._stream import PassStream
 from hasten.sifting.batch import (
     DefaultBatchTransform,
     SiftingBatch,
@@ -69,6 +72,10 @@ from hasten.sifting.stats import STAGES, SiftingStats
 __all__ = ["SiftingDataloader"]
 
 logger = logging.getLogger("hasten.sifting")
+SAGEMAKER_LOGGER = "hasten.smart_sifting.dataloader.sift_dataloader"
+"""The logger name SageMaker's ``smart_sifting.dataloader.sift_dataloader`` module logs under,
+beneath hasten's prefix (see :func:`_log`)."""
+_sagemaker_logger = logging.getLogger(SAGEMAKER_LOGGER)
 
 _STATE_VERSION = 2
 # 1: buffered rows stored as SiftingBatch objects (needed torch.load(weights_only=False));
@@ -102,7 +109,9 @@ class SiftingDataloader:
         device: Where to score and accumulate (default: the device of the model's parameters).
         batch_size: Size of yielded batches when the wrapped loader has no ``batch_size``
             (a custom ``batch_sampler``); default: the size of its first batch.
-        log_interval: Log a progress line every this many yielded batches (``None`` or 0: never).
+        log_interval: Log a progress line (SageMaker's ``key: value`` form, see
+            ``docs/sifting.md``) for the first sifted batch, every this many yielded batches and
+            at the end of each data pass (``None`` or 0: never).
         pad_values: For batches padded to their own longest sequence (dynamic padding): the
             value to pad each field with when merged rows differ in length, by field name, e.g.
             ``{"input_ids": tokenizer.pad_token_id}``. ``attention_mask``, ``token_type_ids``,
@@ -118,6 +127,8 @@ class SiftingDataloader:
             (``None`` when the policy gives none).
 
     Length, epochs, resume: see :meth:`__len__`, :meth:`set_epoch` and :meth:`state_dict`.
+    Reading ``len()`` fixes the length of every later ``for`` loop (``len()`` is then exact, as
+    Lightning and the HF Trainer need it).
     Attributes it does not define (``dataset``, ``sampler`` ...) come from ``orig_dataloader``.
     """
 
@@ -135,7 +146,7 @@ class SiftingDataloader:
         generator: torch.Generator | None = None,
         device: torch.device | str | None = None,
         batch_size: int | None = None,
-        log_interval: int | None = 100,
+        log_interval: int | None = 20,
         pad_values: Mapping[str | int, float | bool] | None = None,
         padding_side: str = "right",
     ) -> None:
@@ -217,27 +228,65 @@ class SiftingDataloader:
         self._resume = False
         self._token = 0  # invalidates running iterators on __iter__ / load_state_dict
         self._last_log = (0, dict.fromkeys(STAGES, 0.0))
+        self._logged_sifted = False  # the first sifted batch was logged
+        self._last_logged_out = -1  # num_batches_out at the last progress line
+        self._warned_delay = False
+        self._pass_batches: int | None = None  # len() of the wrapped loader this pass
         self._modules: list[nn.Module] | None = None  # the model's modules, listed each epoch
+        # fixed-length loops (once len() was read): the stream of data passes they draw from
+        self._epoch_length: int | None = None
+        self._stream: PassStream | None = None
+        self._pass_token = 0  # invalidates running data-pass iterators
+        self.epoch: int | None = None  # the last value given to set_epoch
+        self._looping = False  # a one-pass `for` loop is running (len() is then a hint only)
 
     # ------------------------------------------------------------------ protocol
 
     def __iter__(self) -> Iterator[Any]:
         self._token += 1
-        return self._run(self._token)
+        if self._epoch_length is None:  # one `for` loop = one data pass
+            self._looping = True
+            return self._iter_pass()
+        return self._run_fixed(self._token)
 
     def __len__(self) -> int:
-        """Expected number of batches in an epoch at the current keep rate.
+        """Batches in every ``for`` loop over the loader: exact, and fixed when first read.
 
-        Counts the batches passed through during the delay, plus the kept samples of the rest
-        divided by the batch size (rounded up, or down under ``drop_last``). The keep rate is the
-        one observed so far, or the config's expected rate before any scoring, so the value can
-        change between epochs and the actual count can differ by a batch or two. Use it for
-        progress bars and rough schedules; for exact LR schedules, count optimizer steps.
+        The first call outside a running ``for`` loop (a trainer reading the length to plan
+        its epochs, ``tqdm(loader)``; not ``list(loader)``, which asks after the loop began)
+        computes the expected batches of a data pass at the config's expected
+        keep rate: the batches passed through during the sift delay, plus the kept samples of
+        the rest divided by the batch size (rounded up, or down under ``drop_last``). From then
+        on that number is the length of every ``for`` loop: each loop yields exactly ``len()``
+        batches, drawn from a continuous stream of data passes. A pass that keeps more than
+        expected goes on in the next loop; one that keeps less is followed by the next pass
+        within the same loop. So a trainer that ends its epoch after ``len()`` batches and plans
+        its schedule from it (Lightning's ``estimated_stepping_batches``, the HF Trainer's
+        ``max_steps``) takes exactly the steps it planned, and cuts no pass: every sample of
+        every pass is drawn once and every kept one is trained on (only the pass in progress
+        when training stops is left unfinished). Each data pass ``p`` calls the wrapped
+        loader's ``set_epoch(p)``.
+
+        Until then, one ``for`` loop is one whole data pass, of a variable number of batches,
+        and ``len()`` read inside it is an estimate of that pass at the keep rate observed so
+        far.
 
         Raises:
             TypeError: when the wrapped loader has no length (an ``IterableDataset`` without
-                ``__len__``): give the dataset a ``__len__`` or train by steps.
+                ``__len__``): give the dataset a ``__len__`` or train by steps; or when its batch
+                size cannot be found (a custom ``batch_sampler`` without ``batch_size``): pass
+                ``SiftingDataloader(..., batch_size=N)``.
         """
+        if self._epoch_length is not None:
+            return self._epoch_length
+        if self._looping:
+            return self._expected_pass_length(observed=True)
+        self._epoch_length = max(1, self._expected_pass_length(observed=False))
+        return self._epoch_length
+
+    def _expected_pass_length(self, observed: bool) -> int:
+        """Expected batches of the next data pass, at the config's expected keep rate (the same
+        on every rank), or at the rate ``observed`` so far once something was scored."""
         orig = self.orig_dataloader
         try:
             n_in = len(orig)
@@ -247,11 +296,12 @@ class SiftingDataloader:
                 f"{type(orig).__name__} has none (an IterableDataset without __len__?). Give the "
                 "dataset a __len__, or train by steps (max_steps) instead of epochs"
             ) from err
-        b_in = self._fixed_batch_size or self._out_batch_size
+        b_in = loader_batch_size(orig) or self._out_batch_size
         if b_in is None:
             raise TypeError(
-                "len(SiftingDataloader) needs the batch size: the wrapped loader has none (custom "
-                "batch_sampler); pass SiftingDataloader(..., batch_size=N)"
+                f"len(SiftingDataloader) needs the batch size, and the wrapped "
+                f"{type(orig).__name__} has none (neither batch_size nor batch_sampler.batch_size:"
+                " a custom batch_sampler?); pass SiftingDataloader(..., batch_size=N)"
             )
         b_out = self._out_batch_size or b_in
         delay = self.sift_config.sift_delay
@@ -263,7 +313,7 @@ class SiftingDataloader:
         if not self._drop_last and self._fixed_batch_size is not None:
             with contextlib.suppress(TypeError):
                 total = len(sampler)  # type: ignore[arg-type]
-        rate = self.stats.keep_rate
+        rate = self.stats.keep_rate if observed else None
         if rate is None:
             rate = float(getattr(self.sift_config, "expected_keep_rate", 1.0))
         kept = rate * max(0, total - passed * b_in)
@@ -271,9 +321,40 @@ class SiftingDataloader:
             return passed + math.floor(kept / b_out + 1e-9)
         return passed + math.ceil(kept / b_out - 1e-9)
 
+    def _run_fixed(self, token: int) -> Iterator[Any]:
+        """One fixed-length ``for`` loop over the stream of data passes (see :meth:`__len__`)."""
+        if self._stream is None:
+            self._stream = PassStream(self._start_pass, data_epoch=self._epoch)
+        stream = self._stream
+        for _ in range(self._epoch_length or 0):
+            if token != self._token:
+                raise RuntimeError(
+                    "this SiftingDataloader iterator is stale: the loader was iterated again or "
+                    "restored with load_state_dict since it was created; start a new `for` loop"
+                )
+            yield stream.next()
+
+    def _start_pass(self, data_epoch: int) -> Iterator[Any]:
+        self._set_pass_epoch(data_epoch)
+        return self._iter_pass()
+
+    def _iter_pass(self) -> Iterator[Any]:
+        """An iterator over one data pass (the wrapped loader once), invalidating older ones."""
+        self._pass_token += 1
+        return self._run(self._pass_token)
+
     def set_epoch(self, epoch: int) -> None:
         """Record ``epoch`` and pass it to the wrapped loader's ``set_epoch`` and to its sampler's
-        (``DistributedSampler``), where they exist. Call it before each epoch, as usual."""
+        (``DistributedSampler``), where they exist. Call it before each epoch, as usual.
+
+        Once ``len()`` has been read, ``for`` loops no longer match data passes (see
+        :meth:`__len__`): the loader then numbers the passes and seeds each itself, and
+        ``epoch`` is only recorded (as :attr:`epoch`)."""
+        self.epoch = epoch
+        if self._epoch_length is None:
+            self._set_pass_epoch(epoch)
+
+    def _set_pass_epoch(self, epoch: int) -> None:
         self._sampler_epoch = epoch
         orig = self.orig_dataloader
         batch_sampler = getattr(orig, "batch_sampler", None)
@@ -354,6 +435,10 @@ class SiftingDataloader:
             "rank_fills": self._rank_fills,
             "sifted_out_this_epoch": self._sifted_out_this_epoch,
             "warned_nonfinite": self._warned_nonfinite,
+            "warned_delay": self._warned_delay,
+            # fixed-length loops (len() was read): their length and the stream's position
+            "epoch_length": self._epoch_length,
+            "stream": None if self._stream is None else self._stream.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -402,8 +487,18 @@ class SiftingDataloader:
         self._rank_fills = state["rank_fills"]
         self._sifted_out_this_epoch = state["sifted_out_this_epoch"]
         self._warned_nonfinite = state["warned_nonfinite"]
+        self._warned_delay = bool(state.get("warned_delay", False))
+        if self._epoch_length is None:  # else keep the length the trainer already planned by
+            self._epoch_length = state.get("epoch_length")
         self._resume = True
         self._token += 1
+        self._pass_token += 1
+        stream = state.get("stream")
+        if stream is not None:
+            self._stream = PassStream(self._start_pass)
+            self._stream.load_state_dict(stream, self._iter_pass)
+        elif self._stream is not None:
+            self._stream = None
         if self._sampler_epoch is not None:
             self.set_epoch(self._sampler_epoch)
         if (
@@ -423,18 +518,24 @@ class SiftingDataloader:
 
     @property
     def _drop_last(self) -> bool:
-        return bool(getattr(self.orig_dataloader, "drop_last", False))
+        return loader_drop_last(self.orig_dataloader)
 
     def _in_delay(self) -> bool:
         return self._delay_done < self.sift_config.sift_delay
 
     def _run(self, token: int) -> Iterator[Any]:
         device = self._device or module_device(self.model)
+        if device.type == "meta":
+            raise RuntimeError(
+                "SiftingDataloader cannot score with a model on the meta device (its parameters "
+                "hold no data). Materialize it first: model.to_empty(device='cpu' or 'cuda'), "
+                "then load or initialize its weights; or pass device=<the scoring device>"
+            )
         it = self._begin_epoch(device)
         stats, stage = self.stats, self.stats.stage_seconds
         mark = time.perf_counter()
         while True:
-            if token != self._token:
+            if token != self._pass_token:
                 raise RuntimeError(
                     "this SiftingDataloader iterator is stale: the loader was iterated again or "
                     "restored with load_state_dict since it was created; start a new `for` loop"
@@ -459,6 +560,8 @@ class SiftingDataloader:
                 stats.num_samples_yielded += n
                 self.last_sample_ids = self.last_weights = None
                 self._maybe_log()
+                if self._batches_in == self._pass_batches:  # the pass's last batch, unscored
+                    self._check_delay_reached()
                 yield batch
                 continue
             self._sift(batch, device, stage)
@@ -466,6 +569,7 @@ class SiftingDataloader:
                 yield self._emit(self._out_batch_size, stage)  # type: ignore[arg-type]
         stats.wall_seconds += time.perf_counter() - mark
         yield from self._finish_epoch(stage)
+        self._looping = False
 
     def _begin_epoch(self, device: torch.device) -> Iterator[Any]:
         orig = self.orig_dataloader
@@ -486,6 +590,7 @@ class SiftingDataloader:
             self._delay_done = 0
         self._delay_done_epoch_start = self._delay_done
         self._loader_generator_states = get_loader_generator_states(orig)
+        self._pass_batches = _sized(orig)
         return iter(orig)
 
     def _continue_epoch(self, device: torch.device) -> Iterator[Any]:
@@ -495,6 +600,7 @@ class SiftingDataloader:
         they came from (transformed as when they were scored, then the same rows selected).
         """
         it = iter(self.orig_dataloader)
+        self._pass_batches = _sized(self.orig_dataloader)
         t0 = time.perf_counter()
         pending = self._pending_buffer
         self._pending_buffer = None
@@ -716,6 +822,25 @@ class SiftingDataloader:
             self.stats.num_samples_dropped_at_epoch_end += dropped
             self._buffer = KeptBuffer()
         self._in_epoch = False
+        self._check_delay_reached()
+        self._maybe_log(force=True)
+
+    def _check_delay_reached(self) -> None:
+        """Warn, once, when a data pass (or training) ends with no batch scored yet."""
+        if self._warned_delay or not self._in_delay() or self.stats.num_batches_scored:
+            return
+        self._warned_delay = True
+        cfg = self.sift_config
+        where = "this pass" if cfg.repeat_delay_per_epoch else "so far"
+        warnings.warn(
+            f"nothing was sifted: sift_delay={cfg.sift_delay} but only {self._delay_done} "
+            f"batches were seen {where} ({self.stats.num_orig_samples_seen} samples, all passed "
+            "through unscored). Lower sift_delay below the number of batches you train on, e.g. "
+            "RelativeProbabilisticSiftConfig(..., loss_based_sift_config={'sift_config': "
+            "{'sift_delay': 10}}); this warning is shown once",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -747,38 +872,79 @@ class SiftingDataloader:
                 stacklevel=4,
             )
 
-    def _maybe_log(self) -> None:
+    def _maybe_log(self, force: bool = False) -> None:
+        """A progress line: for the first sifted batch, every ``log_interval`` yielded batches
+        and (``force``) at the end of a data pass."""
         every = self.log_interval
         s = self.stats
-        if not every or s.num_batches_out % every or not logger.isEnabledFor(logging.INFO):
+        if not every:
             return
+        first = not self._logged_sifted and s.num_batches_scored > 0
+        if s.num_batches_out == self._last_logged_out or not (
+            force or first or s.num_batches_out % every == 0
+        ):
+            return
+        log = _log_target()
+        if not log.isEnabledFor(logging.INFO):
+            return
+        self._logged_sifted = self._logged_sifted or s.num_batches_scored > 0
+        self._last_logged_out = s.num_batches_out
         last_scored, last_stage = self._last_log
         scored = s.num_batches_scored - last_scored
         lat = {k: 1e3 * (v - last_stage[k]) / max(scored, 1) for k, v in s.stage_seconds.items()}
         self._last_log = (s.num_batches_scored, dict(s.stage_seconds))
         rate = s.keep_rate
-        logger.info(
-            "sifting step %d (epoch %d): num_orig_samples_seen=%d num_orig_samples_kept=%d "
-            "keep_rate=%s Batch size for next sifted batch=%d buffered=%d | latency ms/batch: %s",
+        # SageMaker's `key: value` form, so its metric regexes (`num_orig_samples_seen: (\S+)`,
+        # `Batch size for next sifted batch: (\S+)` ...) read these lines; no value is followed
+        # by punctuation
+        log.info(
+            "sifting step %d (epoch %d): num_orig_samples_seen: %d num_orig_samples_kept: %d "
+            "num_orig_samples_scored: %d keep_rate: %s Batch size for next sifted batch: %d "
+            "buffered: %d | latency ms/batch over %d scored batches: %s",
             s.num_batches_out,
             self._epoch,
             s.num_orig_samples_seen,
             s.num_orig_samples_kept,
-            "n/a" if rate is None else f"{rate:.3f}",
+            s.num_orig_samples_scored,
+            "n/a" if rate is None else f"{rate:.4f}",
             self._out_batch_size or 0,
             self._buffer.count,
-            " ".join(f"{k}={v:.3f}" for k, v in lat.items()),
+            scored,
+            " ".join(f"{k}: {v:.3f}" for k, v in lat.items()),
         )
 
     def _log_batch(self, losses: Tensor, keep: Tensor) -> None:
+        log = _log_target()
+        if not log.isEnabledFor(logging.INFO):
+            return
         values = losses.detach().float().cpu()  # host copy: log_batch_data is for pilot runs
         mask = keep.cpu()
-        logger.info(
-            "sifting batch %d: kept losses %s; dropped losses %s",
+        log.info(
+            "sifting batch %d: relevance_values: %s kept: %s",
             self.stats.num_batches_in,
-            [round(v, 4) for v in values[mask].tolist()],
-            [round(v, 4) for v in values[~mask].tolist()],
+            [round(v, 4) for v in values.tolist()],
+            [int(k) for k in mask.tolist()],
         )
+
+
+def _log_target() -> logging.Logger:
+    """The logger for progress lines: ``hasten.sifting``, or :data:`SAGEMAKER_LOGGER` when that
+    one (or a parent of it beneath ``hasten.smart_sifting``) was configured, with a level, a
+    handler or ``propagate=False``, as a client written for SageMaker does. One record either
+    way, so a root handler never prints a line twice."""
+    lg: Any = _sagemaker_logger
+    while isinstance(lg, logging.Logger) and lg.name.startswith("hasten.smart_sifting"):
+        if lg.level != logging.NOTSET or lg.handlers or lg.disabled or not lg.propagate:
+            return _sagemaker_logger
+        lg = lg.parent
+    return logger
+
+
+def _sized(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 # --------------------------------------------------------------------------- module helpers

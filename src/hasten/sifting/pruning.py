@@ -19,7 +19,10 @@ The loop, with the sampler's hook points::
 ``update`` attributes losses by position: the k-th loss fed back in an epoch belongs to the k-th
 index the sampler yielded (a DataLoader keeps its sampler's order, with or without workers). That
 holds when every batch's losses are fed back, once, in order; pass ``indices=`` (the dataset
-indices of the batch's samples) when the loop cannot promise that.
+indices of the batch's samples) when the loop cannot promise that. Each call is checked against
+the batch it belongs to before anything is stored (see :meth:`PruningSampler.update`), so a
+wrong-length or repeated feedback raises at that call instead of writing losses onto the wrong
+samples; give the sampler the DataLoader's ``batch_size`` so the first batch is checked too.
 
 Never-seen samples are always kept, so the first epoch trains on all data and fills the table.
 """
@@ -30,6 +33,7 @@ import dataclasses
 import math
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +125,12 @@ class _Plan:
     weights: Tensor | None  # aligned with order; None: all ones
     started: bool = False
     cursor: int = 0  # samples fed back so far this epoch
+    drawn: int = (
+        0  # indices taken from this epoch's iterator (by the DataLoader, prefetch included)
+    )
+    len_read_after: bool = False  # len() was read after the epoch was drawn
+    exhausted: bool = False  # the DataLoader drew every index of the epoch
+    batch: int | None = None  # samples per batch, learned from the epoch's first update
     _on: dict[str, Tensor] = field(default_factory=dict, repr=False)
 
     def on(self, name: str, device: torch.device) -> Tensor:
@@ -158,6 +168,9 @@ class PruningSampler(Sampler[int]):
             size, else 1). Every rank gets the same number of indices per epoch.
         rank: This rank (default: the ``torch.distributed`` rank, else 0).
         device: Where the loss table lives (default: the device of the first losses fed back).
+        batch_size: The DataLoader's ``batch_size``: every :meth:`update` without ``indices``
+            must then bring exactly one batch of losses (the last of an epoch may be short).
+            Default: learned from each epoch's first update.
 
     Attributes:
         stats: A :class:`PruningStats`; ``stats.kept_fraction`` is the share of data used.
@@ -176,6 +189,7 @@ class PruningSampler(Sampler[int]):
         num_replicas: int | None = None,
         rank: int | None = None,
         device: torch.device | str | None = None,
+        batch_size: int | None = None,
     ) -> None:
         super().__init__()
         size = data_source if isinstance(data_source, int) else _length(data_source)
@@ -195,6 +209,10 @@ class PruningSampler(Sampler[int]):
             )
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ValueError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
         if scorer is not None and not callable(scorer):
             raise TypeError(f"scorer must be callable (indices -> losses), got {scorer!r}")
         world, me = _world(num_replicas, rank)
@@ -203,6 +221,7 @@ class PruningSampler(Sampler[int]):
         self.seed = seed
         self.shuffle = bool(shuffle)
         self.scorer = scorer
+        self.batch_size = batch_size
         self.num_replicas, self.rank = world, me
         self.table = SampleLosses(size, device)
         self.stats = PruningStats()
@@ -215,6 +234,8 @@ class PruningSampler(Sampler[int]):
         self._resume = False
         self._seed_checked = False
         self._warned_no_feedback = False
+        self._warned_no_set_epoch = False
+        self._last_losses: weakref.ref[Tensor] | None = None  # the previous update's losses
 
     # ------------------------------------------------------------------ sampler protocol
 
@@ -239,7 +260,10 @@ class PruningSampler(Sampler[int]):
         """
         if self._plan is None:
             self._plan = self._make_plan(0)
-        return len(self._plan.order)
+        plan = self._plan
+        if plan.exhausted:  # read after the epoch was drawn: stale if an iteration follows
+            plan.len_read_after = True
+        return len(plan.order)
 
     def __iter__(self) -> Iterator[int]:
         plan = self._plan
@@ -249,11 +273,29 @@ class PruningSampler(Sampler[int]):
             if plan is None:
                 plan = self._plan = self._make_plan(0)
             elif plan.started:
+                old = plan
                 plan = self._plan = self._make_plan(plan.epoch + 1)
+                if old.len_read_after and len(plan.order) != len(old.order):
+                    self._warn_stale_len(old, plan)
             start = 0
         self._resume = False
         plan.started = True
-        return iter(plan.order[start:].tolist())
+        plan.exhausted = False
+        return _draw(plan, start)
+
+    def _warn_stale_len(self, old: _Plan, new: _Plan) -> None:
+        if self._warned_no_set_epoch:
+            return
+        self._warned_no_set_epoch = True
+        warnings.warn(
+            f"PruningSampler: set_epoch() was not called after epoch {old.epoch}, so len() "
+            f"reported that epoch's {len(old.order)} indices, but this iteration is epoch "
+            f"{new.epoch} with {len(new.order)}: a progress bar or schedule sized from len() is "
+            "off. Call sampler.set_epoch(epoch) before each epoch (it plans the epoch, and len() "
+            "is then exact); this warning is shown once",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     # ------------------------------------------------------------------ feedback
 
@@ -276,10 +318,47 @@ class PruningSampler(Sampler[int]):
             RuntimeError: no epoch is being iterated, or more losses came back than the
                 sampler yielded this epoch.
         """
+        plan = self._check_update(losses, indices)  # raises before anything is stored
+        n = losses.shape[0]
+        device = self.table.place(losses.device)
+        weights: Tensor | None = None
+        if indices is None:
+            c = plan.cursor
+            idx = plan.on("order", device)[c : c + n]
+            if plan.weights is not None:
+                weights = plan.on("weights", device)[c : c + n]
+            if plan.batch is None:
+                plan.batch = n
+        else:
+            idx = torch.as_tensor(indices).reshape(-1).to(device, torch.int64, non_blocking=True)
+            if plan.weights is not None:
+                weights = self._weights_by_index(plan, device).index_select(0, idx)
+        plan.cursor += n
+        self.table.record(idx, losses, plan.epoch)
+        self.stats.samples_fed_back += n
+        self._last_losses = weakref.ref(losses)
+        if weights is None:
+            return losses.mean()
+        return (losses * weights.to(losses.dtype)).mean()
+
+    def _check_update(self, losses: Any, indices: Any) -> _Plan:
+        """The plan ``update(losses, indices)`` writes into, after checking the call against
+        the batch it belongs to; raises, naming what was expected, before any state changes."""
         if not isinstance(losses, Tensor) or losses.ndim != 1:
             raise ValueError(
                 f"update() needs one loss per sample (a 1-D tensor; use reduction='none'), got "
                 f"{getattr(losses, 'shape', type(losses).__name__)}"
+            )
+        if not losses.is_floating_point():
+            raise TypeError(
+                f"update() needs floating-point losses, got dtype {losses.dtype}: pass the "
+                "training step's per-sample losses (e.g. F.cross_entropy(logits, y, "
+                "reduction='none')), not labels or counts"
+            )
+        if losses.device.type == "meta":
+            raise ValueError(
+                "update() got losses on the meta device (no data): the model was not "
+                "materialized; call model.to_empty(device=...) and load its weights first"
             )
         plan = self._plan
         if plan is None or not plan.started:
@@ -287,35 +366,47 @@ class PruningSampler(Sampler[int]):
                 "update() was called before the sampler was iterated: use it as the DataLoader's "
                 "sampler and call update() with the losses of the batches that loader yields"
             )
+        last = None if self._last_losses is None else self._last_losses()
+        if last is losses:
+            raise RuntimeError(
+                "update() got the same losses tensor as the previous call: each batch's losses "
+                "must be fed back once (call update() once per training step and batch)"
+            )
         n = losses.shape[0]
-        device = self.table.place(losses.device)
-        weights: Tensor | None = None
-        if indices is None:
-            c = plan.cursor
-            if c + n > len(plan.order):
-                raise RuntimeError(
-                    f"update() received {c + n} losses this epoch but the sampler yielded only "
-                    f"{len(plan.order)} indices to this rank: feed back each batch's losses "
-                    "once, or pass indices=<the batch's dataset indices>"
-                )
-            idx = plan.on("order", device)[c : c + n]
-            if plan.weights is not None:
-                weights = plan.on("weights", device)[c : c + n]
-        else:
-            idx = torch.as_tensor(indices).reshape(-1).to(device, torch.int64, non_blocking=True)
-            if idx.numel() != n:
+        if indices is not None:
+            count = torch.as_tensor(indices).numel()
+            if count != n:
                 raise ValueError(
-                    f"indices holds {idx.numel()} entries but losses {n}: pass the dataset "
+                    f"indices holds {count} entries but losses {n}: pass the dataset "
                     "index of every sample of the batch"
                 )
-            if plan.weights is not None:
-                weights = self._weights_by_index(plan, device).index_select(0, idx)
-        plan.cursor += n
-        self.table.record(idx, losses, plan.epoch)
-        self.stats.samples_fed_back += n
-        if weights is None:
-            return losses.mean()
-        return (losses * weights.to(losses.dtype)).mean()
+            return plan
+        c = plan.cursor
+        left = len(plan.order) - c
+        if n > left:
+            raise RuntimeError(
+                f"update() received {c + n} losses this epoch but the sampler yielded only "
+                f"{len(plan.order)} indices to this rank: feed back each batch's losses "
+                "once, or pass indices=<the batch's dataset indices>"
+            )
+        batch = self.batch_size or plan.batch
+        number = c // batch + 1 if batch else 1
+        where = f"batch {number} of epoch {plan.epoch} (from sample {c} of the epoch)"
+        if batch is not None and n != min(batch, left):
+            raise ValueError(
+                f"update() received {n} losses, but {where} has {min(batch, left)} samples: feed "
+                "back exactly one loss per sample of each batch, once (token-level losses: "
+                "reduce them per sample first, e.g. .view(batch_size, -1).mean(1)); or pass "
+                "indices=<the batch's dataset indices>"
+            )
+        if n > plan.drawn - c:
+            raise ValueError(
+                f"update() received {n} losses, but only {plan.drawn - c} samples were drawn from "
+                f"the sampler since the previous update ({where}): feed back one loss per sample "
+                "of each batch, once (token-level losses: reduce them per sample first); or pass "
+                "indices=<the batch's dataset indices>"
+            )
+        return plan
 
     @property
     def epoch(self) -> int | None:
@@ -532,6 +623,15 @@ class PruningSampler(Sampler[int]):
             table[plan.on("order", device)] = plan.on("weights", device)
             self._weight_table = table
         return table
+
+
+def _draw(plan: _Plan, start: int) -> Iterator[int]:
+    """The epoch's indices from ``start``, counting what the DataLoader has drawn."""
+    plan.drawn = start
+    for i in plan.order[start:].tolist():
+        plan.drawn += 1
+        yield i
+    plan.exhausted = True
 
 
 def _length(data_source: Any) -> int:

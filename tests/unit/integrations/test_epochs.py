@@ -69,8 +69,8 @@ def test_epochs_have_exact_length_and_stream_every_kept_sample_once_per_pass():
 def test_passes_are_seeded_by_the_stream_not_by_the_trainer_epoch():
     calls = []
     sifted = _sifted()
-    orig_set_epoch = sifted.set_epoch
-    sifted.set_epoch = lambda e: (calls.append(e), orig_set_epoch(e))  # type: ignore[method-assign]
+    orig_set_epoch = sifted._set_pass_epoch
+    sifted._set_pass_epoch = lambda e: (calls.append(e), orig_set_epoch(e))  # type: ignore[method-assign]
     stream = SiftedEpochs(sifted, epoch_length=10)
     stream.set_epoch(7)  # what a trainer does; must not reorder the data pass in progress
     list(stream)

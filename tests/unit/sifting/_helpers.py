@@ -79,3 +79,28 @@ def tiny_model(features: int = 4) -> nn.Module:
 
 def loader(n: int = 256, batch_size: int = 16, fmt: str = "tuple", **kw: Any) -> DataLoader:
     return DataLoader(PlantedDataset(n, fmt), batch_size=batch_size, **kw)
+
+
+class RecordingDataset(PlantedDataset):
+    """A :class:`PlantedDataset` that records every index loaded, in order (``num_workers=0``)."""
+
+    def __init__(self, n: int, fmt: str = "tuple", **kw: Any) -> None:
+        super().__init__(n, fmt, **kw)
+        self.drawn: list[int] = []
+
+    def __getitem__(self, i: int) -> Any:
+        self.drawn.append(int(i))
+        return super().__getitem__(i)
+
+
+def complete_passes(drawn: list[int], n: int) -> int:
+    """How many whole data passes ``drawn`` holds; asserts that each of them drew every index
+    exactly once and that the pass in progress at the end drew none twice."""
+    full, rest = divmod(len(drawn), n)
+    for p in range(full):
+        chunk = drawn[p * n : (p + 1) * n]
+        assert sorted(chunk) == list(range(n)), f"pass {p} did not draw every sample exactly once"
+    tail = drawn[full * n :]
+    assert len(set(tail)) == len(tail), "the last, unfinished pass drew a sample twice"
+    assert rest == len(tail)
+    return full
