@@ -1,4 +1,4 @@
-"""The ``hasten`` command: ``demo``, ``bench compile``, ``bench sift``, ``doctor``.
+"""The ``hasten`` command: ``demo``, ``bench compile``, ``bench sift``, ``doctor``, ``cache``.
 
 Run ``hasten --help`` or ``hasten <command> --help`` for what each does, with examples.
 """
@@ -21,9 +21,28 @@ examples:
   hasten bench compile --models gpt2,bert --precision fp32,bf16
   hasten bench sift --datasets mnist1d --seeds 10 --beta 0.5,1
   hasten doctor                                what is installed, what is missing, how to fix it
+  hasten cache export cache.tar.gz             ship compiled kernels to another machine
 
 Every command prints a table; --json PATH also writes the full result (raw samples, machine).
 """
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; every option's default shown, as ArgumentDefaultsHelpFormatter
+    does, except where there is none to show (``None``, a flag's ``False``) or the help says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default in (None, False, argparse.SUPPRESS)
+            or not action.option_strings
+        ):
+            return text
+        if isinstance(default, (list, tuple)):
+            default = ",".join(str(d) for d in default)
+        return f"{text} (default: {str(default).replace('%', '%%')})"
 
 
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
@@ -96,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     from hasten.bench.demo import VARIANTS
     from hasten.bench.models import MODEL_NAMES, SIZES
 
-    fmt = argparse.RawDescriptionHelpFormatter
+    fmt = _HelpFormatter
     parser = argparse.ArgumentParser(
         prog="hasten",
         description="hasten: faster, cheaper PyTorch training (training compiler + smart sifting).",
@@ -125,7 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=fmt,
     )
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="output directory")
-    demo.add_argument("--quick", action="store_true", help="seconds-long run on digits")
+    demo.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: seconds-long run on digits that checks everything runs; its timings "
+        "mean nothing (compile and start-up dominate)",
+    )
     demo.add_argument(
         "--task", help="task to train (text_transformer, the default; digits, mnist1d, text)"
     )
@@ -143,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--runs",
         type=_csv(_demo_run),
         default=list(VARIANTS),
-        help="which runs, comma-separated, from eager, compile, sifting, both (default: all four)",
+        help="which runs, comma-separated, from eager, compile, sifting, both",
     )
     demo.add_argument("--seed", type=int, default=0, help="seed of weights and data order")
     demo.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -179,21 +203,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--models",
         type=_csv(_choices(MODEL_NAMES)),
         default=["gpt2", "bert", "roberta", "cnn"],
-        help=f"comma-separated, from {','.join(MODEL_NAMES)} (default gpt2,bert,roberta,cnn)",
+        help=f"comma-separated, from {','.join(MODEL_NAMES)}",
     )
     comp.add_argument(
         "--precision",
         type=_csv(_choices(PRECISIONS)),
         default=["fp32"],
-        help="comma-separated: fp32, bf16 (default fp32); eager fp32 is always the baseline",
+        help="comma-separated: fp32, bf16; eager fp32 is always the baseline",
     )
     comp.add_argument(
         "--candidates",
         type=_csv(_choices(CANDIDATES)),
         default=list(CANDIDATES),
-        help="comma-separated, from eager,torch.compile,hasten (default all)",
+        help=f"comma-separated, from {','.join(CANDIDATES)}",
     )
-    comp.add_argument("--size", choices=SIZES, default="small", help="model size (default small)")
+    comp.add_argument("--size", choices=SIZES, default="small", help="model size")
     comp.add_argument("--rounds", type=_positive_int, default=5, help="interleaved rounds")
     comp.add_argument("--steps", type=_positive_int, default=5, help="timed steps per round")
     comp.add_argument("--warmup", type=_positive_int, default=3, help="untimed steps first")
@@ -227,17 +251,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--datasets",
         type=_csv(_choices(("digits", "mnist1d", "text"))),
         default=["digits", "mnist1d", "text"],
-        help="comma-separated: digits, mnist1d, text (BBC News) (default all three)",
+        help="comma-separated: digits, mnist1d, text (BBC News)",
     )
     sift.add_argument("--seeds", type=_positive_int, default=5, help="paired seeds per dataset")
-    sift.add_argument(
-        "--beta", type=_csv(float), default=[0.5, 1.0], help="beta values (default 0.5,1)"
-    )
+    sift.add_argument("--beta", type=_csv(float), default=[0.5, 1.0], help="beta values")
     sift.add_argument(
         "--policies",
         type=_csv(str),
         default=["sagemaker"],
-        help="policy families to compare with full data: sagemaker (default), unbiased, stale "
+        help="policy families to compare with full data: sagemaker, unbiased, stale "
         "(hasten's pruning sampler, no extra forward); none: baseline only",
     )
     sift.add_argument(
@@ -245,14 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_epochs,
         help="override the epoch budget: N for every task, or TASK=N,... (e.g. mnist1d=40)",
     )
-    sift.add_argument(
-        "--history", type=_positive_int, default=500, help="loss_history_length (default 500)"
-    )
+    sift.add_argument("--history", type=_positive_int, default=500, help="loss_history_length")
     sift.add_argument(
         "--delay",
         type=float,
         default=0.1,
-        help="sift_delay as a fraction of the full run's steps (default 0.1)",
+        help="sift_delay as a fraction of the full run's steps",
     )
     sift.add_argument("--no-matched", action="store_true", help="skip compute-matched runs")
     sift.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -268,7 +288,53 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=fmt,
     )
     doctor.add_argument("--json", metavar="PATH", type=Path, help="also write the checks as JSON")
+    _add_cache(sub, fmt)
     return parser
+
+
+def _add_cache(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    cache = sub.add_parser(
+        "cache",
+        help="show, clear, export or import the compile cache (compiled kernels and graphs)",
+        description=(
+            "Inductor's on-disk compile cache, where a second process finds what the first\n"
+            "compiled and starts warm: $TORCHINDUCTOR_CACHE_DIR, else <tmp>/torchinductor_<user>\n"
+            "(--dir for a CompileConfig(cache_dir=...)). export/import move it as a .tar.gz with\n"
+            "a manifest, so one job compiles and every node starts warm; entries hit only with the\n"
+            "same torch version. Corrupt entries (a .so truncated by a killed compile) are found\n"
+            "by show and doctor, and removed by hasten before its first compile in a process."
+        ),
+        epilog=(
+            "examples:\n"
+            "  hasten cache show\n"
+            "  hasten cache export /shared/hasten-cache.tar.gz     on the node that compiled\n"
+            "  hasten cache import /shared/hasten-cache.tar.gz     on every other node\n"
+            "  hasten cache clear --corrupt                        only the corrupt entries\n"
+        ),
+        formatter_class=fmt,
+    )
+    csub = cache.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
+    actions = {
+        "show": "where the cache is, its size, and any corrupt entries",
+        "clear": "delete the cache's contents (--corrupt: only corrupt entries)",
+        "export": "write the cache's intact entries to a .tar.gz archive",
+        "import": "unpack an archive made by 'hasten cache export' into the cache",
+    }
+    for name, text in actions.items():
+        p = csub.add_parser(
+            name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=fmt
+        )
+        if name in ("export", "import"):
+            p.add_argument("archive", metavar="PATH", type=Path, help="the .tar.gz archive")
+        if name == "clear":
+            p.add_argument("--corrupt", action="store_true", help="only the corrupt entries")
+        if name == "show":
+            p.add_argument("--json", metavar="PATH", type=Path, help="also write it as JSON")
+        p.add_argument(
+            "--dir",
+            metavar="DIR",
+            help="the cache directory (default: $TORCHINDUCTOR_CACHE_DIR, else torch's default)",
+        )
 
 
 def _write_json(path: Path | None, payload: Any) -> None:
@@ -299,6 +365,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     }
     fixed = {"seed": args.seed, "device": args.device, "threads": args.threads}
     config = demo.DemoConfig(**{**base.__dict__, **overrides, **fixed})
+    if args.quick:
+        print(
+            "hasten demo --quick is a smoke test: it checks that every run works, in seconds; "
+            "its timings mean nothing (compile and start-up dominate runs this short). Run "
+            "`hasten demo` for the comparison."
+        )
     print(
         f"hasten demo: task {config.task}, target {100 * config.target:.0f}% test accuracy, "
         f"seed {config.seed}"
@@ -314,7 +386,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     bar.close()
     print()
     print(demo_table(result))
-    print(f"\nmachine: {machine_line(result['machine'])}")
+    print(
+        f"\none seed ({config.seed}) per run: time to target moves with the seed; --seed "
+        "changes it" + ("; --quick: timings mean nothing" if args.quick else "")
+    )
+    print(f"machine: {machine_line(result['machine'])}")
     out = Path(args.out)
     if result["runs"]:
         png = demo.plot_demo(result, out / "demo.png")
@@ -439,6 +515,55 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from hasten.compiler import cache
+
+    root = cache.cache_dir(args.dir)
+    action = args.cache_command
+    if action == "show":
+        found = cache.scan(root)
+        if not found.exists:
+            print(f"compile cache: {root} (does not exist yet; created by the first compile)")
+        else:
+            print(
+                f"compile cache: {root}\n  {found.files} files, {found.bytes / 2**20:.1f} MiB: "
+                f"{found.graphs} compiled-graph entries, {found.kernels} kernel libraries"
+            )
+            for c in found.corrupt:
+                print(f"  CORRUPT {c.path}: {c.reason}")
+            if found.corrupt:
+                print(
+                    "  fix: hasten cache clear --corrupt (hasten also removes them itself "
+                    "before its next compile)"
+                )
+        _write_json(getattr(args, "json", None), {"kind": "hasten.cache", **_scan_dict(found)})
+        return 1 if found.corrupt else 0
+    if action == "clear":
+        n = cache.clear_cache(root, corrupt_only=args.corrupt)
+        print(f"removed {n} {'corrupt ' if args.corrupt else ''}file(s) from {root}")
+        return 0
+    if action == "export":
+        manifest = cache.export_cache(args.archive, root)
+        skipped = manifest["skipped_corrupt"]
+        print(
+            f"wrote {args.archive}: {manifest['files']} files from {root} (torch "
+            f"{manifest['torch']})" + (f"; left out {skipped} corrupt file(s)" if skipped else "")
+        )
+        return 0
+    manifest = cache.import_cache(args.archive, root)
+    print(
+        f"imported {manifest['imported']} file(s) into {root} from {args.archive} (made with "
+        f"torch {manifest['torch']} on {manifest['cpu']}, {manifest['created']})"
+    )
+    return 0
+
+
+def _scan_dict(found: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(found)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hasten`` console script; returns the exit status."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # hasten never downloads models or data
@@ -449,6 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "doctor": _cmd_doctor,
         ("bench", "compile"): _cmd_bench_compile,
         ("bench", "sift"): _cmd_bench_sift,
+        "cache": _cmd_cache,
     }
     key = (args.command, args.bench_command) if args.command == "bench" else args.command
     try:

@@ -139,6 +139,8 @@ def test_demo_quick_eager_only(tmp_path, capsys):
     assert code == 0
     text = capsys.readouterr().out
     assert "eager" in text and "to target s" in text and "sifting" not in text
+    assert "smoke test" in text and "timings mean nothing" in text  # --quick says what it is
+    assert "one seed (0)" in text  # and so does every single-seed row
     assert (out / "demo.png").read_bytes()[:4] == b"\x89PNG"
     result = json.loads((out / "demo.json").read_text())
     assert [r["run"] for r in result["rows"]] == ["eager"]
@@ -207,3 +209,18 @@ def test_sift_and_compile_plots(tmp_path):
     for fn, data, name in ((plot_sift, sift, "s.png"), (plot_compile, compile_, "c.png")):
         png = fn(data, tmp_path / name).read_bytes()
         assert png[:4] == b"\x89PNG" and len(png) > 5_000
+
+
+def test_help_shows_defaults_and_the_cache_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "compile", "--help"])
+    out = capsys.readouterr().out
+    assert "(default: 5)" in out and "(default: small)" in out and "(default: None)" not in out
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "smoke test" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["cache", "--help"])
+    out = capsys.readouterr().out
+    for action in ("show", "clear", "export", "import"):
+        assert action in out

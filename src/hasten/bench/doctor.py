@@ -135,17 +135,9 @@ def _bf16() -> Check:
 
 
 def _cache() -> Check:
-    try:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    from hasten.compiler.cache import cache_dir, scan
 
-        path = cache_dir()
-    except Exception as err:
-        return Check(
-            "compile cache",
-            "warn",
-            f"cannot locate Inductor's cache: {err}",
-            "set TORCHINDUCTOR_CACHE_DIR to a writable directory",
-        )
+    path = cache_dir()
     probe = path if os.path.isdir(path) else os.path.dirname(path.rstrip(os.sep)) or "."
     if not os.access(probe, os.W_OK):
         return Check(
@@ -154,8 +146,25 @@ def _cache() -> Check:
             f"{path} is not writable: every process compiles cold",
             "set TORCHINDUCTOR_CACHE_DIR to a writable directory",
         )
-    state = "exists" if os.path.isdir(path) else "will be created on first compile"
-    return Check("compile cache", "ok", f"{path} ({state}; set TORCHINDUCTOR_CACHE_DIR to move it)")
+    found = scan(path)
+    if found.corrupt:
+        first = found.corrupt[0]
+        return Check(
+            "compile cache",
+            "warn",
+            f"{path}: {len(found.corrupt)} corrupt entr{'y' if len(found.corrupt) == 1 else 'ies'}"
+            f", e.g. {os.path.relpath(first.path, path)}: {first.reason}",
+            "hasten cache clear --corrupt (hasten.compile also removes them before its first "
+            "compile; torch.compile alone would fall back to eager, or crash, on them)",
+        )
+    if not found.exists:
+        return Check("compile cache", "ok", f"{path} (created on first compile)")
+    return Check(
+        "compile cache",
+        "ok",
+        f"{path} ({found.files} files, {found.bytes / 2**20:.1f} MiB, intact; "
+        "set TORCHINDUCTOR_CACHE_DIR to move it)",
+    )
 
 
 def _hasten_parts() -> list[Check]:

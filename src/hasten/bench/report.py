@@ -130,7 +130,12 @@ def sift_table(result: dict[str, Any], markdown: bool = False) -> str:
 
 
 def demo_table(result: dict[str, Any], markdown: bool = False) -> str:
-    """The demo's four runs: time to target, compile apart, accuracy, samples, speedup."""
+    """The demo's four runs: time to target, compile apart, accuracy, samples, speedup.
+
+    Each row is one run of one seed (the demo trains every variant once), and says so.
+    """
+    seed = (result.get("config") or {}).get("seed")
+    one_seed = "one seed" + (f" ({seed})" if seed is not None else "")
     rows = []
     for r in result["rows"]:
         if "skipped" in r:
@@ -146,7 +151,7 @@ def demo_table(result: dict[str, Any], markdown: bool = False) -> str:
                 f"{100 * r['final_test_acc']:.2f}",
                 f"{r['samples_backprop']:,}",
                 _f(r["speedup"], ".2f", "×"),
-                "",
+                one_seed,
             ]
         )
     headers = [

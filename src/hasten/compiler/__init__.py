@@ -24,6 +24,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from hasten.compiler.cache import check_env_cache_dir
+
+# Before anything imports torch._dynamo, which creates $TORCHINDUCTOR_CACHE_DIR and raised
+# (inside torch's import) when it could not: fall back with a warning instead (cache.py).
+check_env_cache_dir()
+
 __all__ = [
     "CompileConfig",
     "compile",

@@ -11,19 +11,20 @@
 
 from __future__ import annotations
 
+import os
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from hasten._modules import module_device
-from hasten.compiler.config import CompileConfig
+from hasten.compiler.config import CompileConfig, Fallback, Mode, Precision, PrecisionAlias
 from hasten.compiler.precision import attach_grad_scaler
 from hasten.compiler.regions import install
 from hasten.compiler.report import CompileRecord, CompileReport
-from hasten.compiler.traps import apply_fixes, unwrap_data_parallel
+from hasten.compiler.traps import apply_fixes, call_fixes, unwrap_data_parallel
 
 if TYPE_CHECKING:
     from hasten.compiler.verify import VerifyResult
@@ -33,7 +34,31 @@ __all__ = ["compile", "compile_report", "compile_step", "explain", "verify"]
 _RECORDS: weakref.WeakKeyDictionary[nn.Module, CompileRecord] = weakref.WeakKeyDictionary()
 
 
-def compile(model: nn.Module, config: CompileConfig | None = None, **overrides: Any) -> nn.Module:
+class _Unset:
+    """The default of ``hasten.compile``'s keywords: "not given, keep ``config``'s value"."""
+
+    def __repr__(self) -> str:
+        return "<CompileConfig default>"
+
+
+UNSET: Any = _Unset()
+
+
+def compile(
+    model: nn.Module,
+    config: CompileConfig | None = None,
+    *,
+    mode: Mode | _Unset = UNSET,
+    precision: Precision | PrecisionAlias | torch.dtype | _Unset = UNSET,
+    passes: Mapping[str, bool] | _Unset = UNSET,
+    dynamic: bool | _Unset | None = UNSET,
+    fullgraph: bool | _Unset = UNSET,
+    fallback: Fallback | _Unset = UNSET,
+    cache_dir: str | os.PathLike[str] | _Unset | None = UNSET,
+    fix_known_traps: bool | _Unset = UNSET,
+    warn_recompiles: int | _Unset = UNSET,
+    inductor_options: Mapping[str, Any] | _Unset = UNSET,
+) -> nn.Module:
     """Compile ``model`` in place for training and return it (the same object).
 
     The module keeps its class, ``state_dict()`` keys (no ``_orig_mod.`` prefix), and pickles,
@@ -45,14 +70,17 @@ def compile(model: nn.Module, config: CompileConfig | None = None, **overrides: 
         model: The module to compile. A ``DistributedDataParallel`` wrapper is kept and the module
             it wraps is compiled (see :mod:`hasten.compiler.traps`).
         config: A :class:`CompileConfig`; ``None`` for the defaults.
-        **overrides: ``CompileConfig`` fields that override ``config``'s, e.g. ``precision="bf16"``.
+        mode, precision, passes, dynamic, fullgraph, fallback, cache_dir, fix_known_traps,
+        warn_recompiles, inductor_options: The :class:`CompileConfig` fields of the same name
+            (documented there; validated there, when the config is built). Each one given
+            overrides ``config``'s; one not given keeps it (``config``'s, or the default).
 
     Returns:
         ``model`` itself.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module`` (or is a ``torch.compile`` wrapper), or an
-            override is not a ``CompileConfig`` field.
+        TypeError: ``model`` is not an ``nn.Module`` (or is a ``torch.compile`` wrapper), or a
+            setting has the wrong type.
         ValueError: a setting the model's device cannot run (e.g. fp16 on CPU).
 
     Example::
@@ -64,7 +92,19 @@ def compile(model: nn.Module, config: CompileConfig | None = None, **overrides: 
             optimizer.step()
             optimizer.zero_grad()
     """
-    cfg = _config(config, overrides)
+    given = {
+        "mode": mode,
+        "precision": precision,
+        "passes": passes,
+        "dynamic": dynamic,
+        "fullgraph": fullgraph,
+        "fallback": fallback,
+        "cache_dir": cache_dir,
+        "fix_known_traps": fix_known_traps,
+        "warn_recompiles": warn_recompiles,
+        "inductor_options": inductor_options,
+    }
+    cfg = _config(config, {k: v for k, v in given.items() if v is not UNSET})
     target, note = unwrap_data_parallel(_check_model(model))
     device = module_device(target)
     cfg.check_device(device)  # before anything changes the model
@@ -77,6 +117,9 @@ def compile(model: nn.Module, config: CompileConfig | None = None, **overrides: 
         if target is not model:
             attach_grad_scaler(target, device.type)
     install(target, cfg, record, device.type)
+    fixes, notes = call_fixes(target, fix=cfg.fix_known_traps)
+    record.fixes.extend(notes)
+    target._compiled_call_impl.call_fixes.extend(fixes)  # type: ignore[union-attr]
     _RECORDS[target] = record
     if target is not model:
         _RECORDS[model] = record

@@ -31,6 +31,7 @@ import torch
 import torch.fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
+from hasten.compiler.cache import ensure_intact
 from hasten.compiler.config import CompileConfig
 from hasten.compiler.passes.registry import SPLIT_MARK, get_pass, run_passes
 from hasten.compiler.report import CompileRecord, graph_shape
@@ -79,6 +80,7 @@ class HastenBackend:
             self.config, _device_type(example_inputs), self._post_grad_hook()
         )
         with _scoped(self.config):
+            ensure_intact(self.config.cache_dir)  # once per process and directory (cache.py)
             if getattr(gm, SPLIT_MARK, False):
                 compiled = compile_parts(gm, example_inputs, patches)
             else:

@@ -24,10 +24,14 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["FALLBACKS", "MODES", "PRECISIONS", "CompileConfig"]
+__all__ = ["FALLBACKS", "MODES", "PRECISIONS", "CompileConfig", "normalize_precision"]
 
 Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 Precision = Literal["fp32", "bf16", "fp16"]
+# Other spellings ``precision`` accepts: Lightning's Trainer(precision=...) names and dtype names.
+PrecisionAlias = Literal[
+    "bf16-mixed", "16-mixed", "32-true", "32", "16", "bfloat16", "float16", "float32"
+]
 Fallback = Literal["eager", "raise"]
 
 MODES: tuple[str, ...] = (
@@ -37,6 +41,27 @@ MODES: tuple[str, ...] = (
     "max-autotune-no-cudagraphs",
 )
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+_PRECISION_ALIASES: dict[Any, str] = {
+    "bf16-mixed": "bf16",
+    "16-mixed": "fp16",
+    "16": "fp16",
+    "32-true": "fp32",
+    "32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float32": "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float32: "fp32",
+}
+# Lightning settings hasten does not mean the same thing by: named, with what to do instead.
+_PRECISION_REFUSED: dict[str, str] = {
+    "bf16-true": "casts the parameters themselves to bfloat16",
+    "16-true": "casts the parameters themselves to float16",
+    "64-true": "trains in float64",
+    "64": "trains in float64",
+    "transformer-engine": "uses NVIDIA Transformer Engine's fp8 layers",
+}
 FALLBACKS: tuple[str, ...] = ("eager", "raise")
 
 
@@ -55,13 +80,15 @@ class CompileConfig:
     on GPU) at compile time: slower compiles, sometimes faster steps. ``"reduce-overhead"`` adds
     CUDA graphs (GPU only)."""
 
-    precision: Precision = "fp32"
+    precision: Precision | PrecisionAlias | torch.dtype = "fp32"
     """``"fp32"`` keeps the model's numerics. ``"bf16"`` runs the forward (and so the backward)
     under bfloat16 autocast, applied by hasten inside the compiled forward, so the training loop
     stays as it is; parameters, gradients and optimizer state stay fp32, and floating outputs come
     back as fp32. Needs a CPU with native bf16 (AVX512-BF16/AMX) or a GPU that supports it.
     ``"fp16"`` is the same with float16 and needs CUDA and a gradient scaler (see
-    ``hasten.compiler.grad_scaler``)."""
+    ``hasten.compiler.grad_scaler``). Also accepted, and stored as one of those three:
+    ``torch.float32``/``torch.bfloat16``/``torch.float16`` and Lightning's ``"32-true"``,
+    ``"bf16-mixed"``, ``"16-mixed"`` (see :func:`normalize_precision`)."""
 
     passes: Mapping[str, bool] = field(default_factory=dict, hash=False)
     """Turn hasten's graph passes on or off by name, e.g. ``{"attention_to_sdpa": False}``;
@@ -100,7 +127,7 @@ class CompileConfig:
 
     def __post_init__(self) -> None:
         _one_of("mode", self.mode, MODES)
-        _one_of("precision", self.precision, PRECISIONS)
+        object.__setattr__(self, "precision", normalize_precision(self.precision))
         _one_of("fallback", self.fallback, FALLBACKS)
         for name in ("fullgraph", "fix_known_traps"):
             if not isinstance(getattr(self, name), bool):
@@ -124,6 +151,7 @@ class CompileConfig:
                     "CompileConfig.cache_dir must be a path (str or os.PathLike) or None"
                 )
             object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+            _check_cache_path(self.cache_dir, "CompileConfig.cache_dir")
         if self.precision == "fp16" and not torch.cuda.is_available():
             raise ValueError(
                 "precision='fp16' needs a CUDA device (float16 autocast with gradient scaling); "
@@ -175,6 +203,52 @@ class CompileConfig:
                 f"mode='reduce-overhead' uses CUDA graphs and does nothing for a model on "
                 f"{device}; use mode='default' (or 'max-autotune')"
             )
+
+
+def normalize_precision(precision: Any) -> Precision:
+    """``"fp32"``, ``"bf16"`` or ``"fp16"`` for any spelling ``CompileConfig.precision`` accepts.
+
+    Raises:
+        ValueError: an unknown value, or a Lightning setting with other semantics
+            (``"bf16-true"`` casts the weights; hasten's ``"bf16"`` keeps them fp32).
+        TypeError: neither a string nor a ``torch.dtype``.
+    """
+    if precision in PRECISIONS:
+        return precision  # type: ignore[no-any-return]
+    if not isinstance(precision, (str, torch.dtype)):
+        raise TypeError(
+            f"CompileConfig.precision must be a string or a torch.dtype, not "
+            f"{type(precision).__name__}; e.g. precision='bf16' or precision=torch.bfloat16"
+        )
+    key = precision.strip().lower() if isinstance(precision, str) else precision
+    if key in _PRECISION_ALIASES:
+        return _PRECISION_ALIASES[key]  # type: ignore[return-value]
+    if key in PRECISIONS:
+        return key  # type: ignore[return-value]
+    if isinstance(key, str) and key in _PRECISION_REFUSED:
+        raise ValueError(
+            f"CompileConfig.precision={precision!r}: in Lightning this {_PRECISION_REFUSED[key]}, "
+            "which hasten.compile does not do (its 'bf16'/'fp16' are mixed precision: "
+            "parameters, gradients and optimizer state stay fp32); use precision='bf16' for "
+            "mixed precision, or cast the model yourself (model.to(torch.bfloat16)) and keep "
+            "precision='fp32'"
+        )
+    raise ValueError(
+        f"CompileConfig.precision={precision!r} is not valid; choose one of 'fp32', 'bf16', "
+        "'fp16' (also accepted: torch.float32/bfloat16/float16, '32-true', 'bf16-mixed', "
+        "'16-mixed')"
+    )
+
+
+def _check_cache_path(path: str, what: str) -> None:
+    """Reject a cache path Inductor cannot build kernels in, naming it and the fix."""
+    if any(ch.isspace() for ch in path):
+        raise ValueError(
+            f"{what}={path!r} contains whitespace; Inductor (torch {torch.__version__}) passes "
+            "cache paths to the C++ compiler unquoted, so every kernel build there fails "
+            "('C++ compile error'). Use a path without spaces, e.g. "
+            f"{path.strip().replace(' ', '_')!r}"
+        )
 
 
 def _one_of(name: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -8,9 +8,12 @@ the fallback); :class:`CompileReport` is the read-only summary users get from
 from __future__ import annotations
 
 import linecache
+import logging
 import re
+import sys
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,10 +25,63 @@ __all__ = [
     "GraphBreak",
     "GraphInfo",
     "Recompile",
+    "compile_line",
     "graph_break_from",
     "graph_shape",
+    "log_line",
     "suggest_fix",
 ]
+
+logger = logging.getLogger("hasten")
+
+
+def compile_line(
+    label: str,
+    graphs: int,
+    seconds: float,
+    *,
+    variant: str = "",
+    details: Sequence[str] = (),
+    recompile: str | None = None,
+) -> str:
+    """The one log line hasten writes per compile (or recompile) of a model or region.
+
+    ``"hasten: compiled GPT2LMHeadModel: 1 graph, 9.8 s"``; ``details`` go between the graph
+    count and the seconds (e.g. ``"1 block shared by 12"``, ``"from the cache"``); a recompile
+    names the guard that failed. The one place that formats it, so it is extended here.
+
+    Args:
+        label: The model or region class.
+        graphs: Graphs captured by this compile.
+        seconds: Wall time of the call that compiled (tracing + backend).
+        variant: The call's variant (``"train_grad"``, ``"eval_no_grad"`` ...); shown unless it
+            is training's.
+        details: Extra facts, in order.
+        recompile: The guard that failed, when this compile is a recompile.
+    """
+    what = label if variant in ("", "train_grad") else f"{label} ({variant})"
+    parts = [f"{graphs} graph{'' if graphs == 1 else 's'}", *details, f"{seconds:.1f} s"]
+    line = f"hasten: {'recompiled' if recompile else 'compiled'} {what}: " + ", ".join(parts)
+    if recompile:
+        line += f"; guard that failed: {recompile.splitlines()[0].strip()}"
+    return line
+
+
+def log_line(line: str) -> None:
+    """Log ``line`` at INFO on the ``"hasten"`` logger, shown on stderr unless logging is set up.
+
+    When neither the ``"hasten"`` logger nor the root logger has a handler (a plain script),
+    hasten gives its own logger a stderr handler once, as Transformers does for its own, so the
+    line is seen; silence it with ``logging.getLogger("hasten").setLevel(logging.WARNING)``.
+    Where logging is configured, records propagate to the application's handlers as usual.
+    """
+    if not logger.hasHandlers():
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.INFO)
+    logger.info(line)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ from torch import nn
 from hasten.compiler.backend import HastenBackend
 from hasten.compiler.config import CompileConfig
 from hasten.compiler.precision import autocast_dtype, with_autocast
-from hasten.compiler.report import CompileRecord, Recompile
+from hasten.compiler.report import CompileRecord, Recompile, compile_line, log_line
+from hasten.compiler.traps import mark_batch_dynamic
 
 __all__ = [
     "CompiledCode",
@@ -138,6 +139,7 @@ class CompiledCode:
         self.failed = False
         self._pending: list[tuple[str, str]] = []
         self._variants: dict[str, Callable[..., Any]] = {}
+        self._ran: set[str] = set()  # variants that returned at least once
 
     def compiled(self, variant: str) -> Callable[..., Any]:
         """The compiled function of ``variant`` (created on first use; Dynamo compiles lazily)."""
@@ -158,19 +160,43 @@ class CompiledCode:
             # Inside another compiled region (the user compiled a function calling this model),
             # the outer trace takes the plain forward in.
             return self.eager(module, *args, **kwargs)
-        compiled = self.compiled(grad_variant(module.training))
-        calls = self.record.backend_calls
+        variant = grad_variant(module.training)
+        compiled = self.compiled(variant)
+        if self.config.dynamic is None and variant not in self._ran:
+            mark_batch_dynamic(args, kwargs)  # a short last batch must not recompile (traps.py)
+        calls, graphs = self.record.backend_calls, len(self.record.graphs)
+        cache_before = _cache_counts()
         t0 = time.perf_counter()
+        recompiled: str | None = None
         try:
             out = compiled(module, *args, **kwargs)
         except Exception as err:
             if self.config.fallback == "raise" or not is_compile_error(err):
+                if variant not in self._ran and self.record.backend_calls == calls:
+                    # The model's own error, before any graph of this variant was compiled:
+                    # TorchDynamo has marked the frame "skip" (an exception escaped its trace),
+                    # so it would run eagerly for good. A fresh code object retraces next call.
+                    self._variants.pop(variant, None)
                 raise
             return self._fall_back(err, module, args, kwargs)
         finally:
-            self._flush_recompiles()
+            recompiled = self._flush_recompiles()
+        self._ran.add(variant)
         if self.record.backend_calls != calls:  # this call compiled (or recompiled) a graph
-            self.record.compile_seconds += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            self.record.compile_seconds += seconds
+            hits, misses = (a - b for a, b in zip(_cache_counts(), cache_before))
+            warm = ("from the cache",) if hits and not misses else ()
+            log_line(
+                compile_line(
+                    self.label,
+                    len(self.record.graphs) - graphs,
+                    seconds,
+                    variant=variant,
+                    details=warm,
+                    recompile=recompiled,
+                )
+            )
         return out
 
     def _fall_back(
@@ -196,9 +222,10 @@ class CompiledCode:
         code = getattr(getattr(fail, "orig_code", None), "co_name", "?")
         self._pending.append((code, str(getattr(fail, "reason", fail)).strip()))
 
-    def _flush_recompiles(self) -> None:
+    def _flush_recompiles(self) -> str | None:
+        """Record the guard failures of this call; return the first one (``None``: none)."""
         if not self._pending:  # the common case: every step after the first
-            return
+            return None
         import torch._dynamo.config as dynamo_config
 
         pending, self._pending = self._pending, []
@@ -226,6 +253,7 @@ class CompiledCode:
                     "Python number: make it a tensor. hasten.explain(model, ...) shows more.",
                     RecompileWarning,
                 )
+        return pending[0][1]
 
 
 class CompiledForward:
@@ -252,6 +280,9 @@ class CompiledForward:
         self.module = module
         self.code = code
         self._first_call = on_first_call
+        # Fixes that need the call's inputs (see hasten.compiler.traps.call_fixes), run before the
+        # call while not tracing; each returns True once it has done its job and is dropped.
+        self.call_fixes: list[Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], bool]] = []
 
     @property
     def failed(self) -> bool:
@@ -259,6 +290,8 @@ class CompiledForward:
         return self.code.failed
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.call_fixes and not torch.compiler.is_compiling():
+            self.call_fixes = [f for f in self.call_fixes if not f(self.module, args, kwargs)]
         if self._first_call is not None and not torch.compiler.is_compiling():
             return self._run_first(args, kwargs)
         if self.code.kind == "call":
@@ -284,7 +317,12 @@ class CompiledForward:
             plan(self.module)
         now = self.module.__dict__.get("_compiled_call_impl")
         # ``now`` is this object, a region's (the module is an FSDP unit) or None (eager glue)
-        out = self.module._call_impl(*args, **kwargs) if now is None else now(*args, **kwargs)
+        try:
+            out = self.module._call_impl(*args, **kwargs) if now is None else now(*args, **kwargs)
+        except BaseException:
+            if now is self:  # the model's own error: the next call is a first call again
+                self._first_call = _nothing_to_plan
+            raise
         record = self.code.record
         if not record.graphs and record.fallback is None:
             reason = nothing_compiled_reason(before)
@@ -296,6 +334,10 @@ class CompiledForward:
                 HastenCompileWarning,
             )
         return out
+
+
+def _nothing_to_plan(module: nn.Module) -> None:
+    """The plan of a first call retried after the model raised (regions are planned already)."""
 
 
 def graph_break_reasons() -> Counter[str]:
@@ -321,6 +363,17 @@ def nothing_compiled_reason(before: Counter[str]) -> str:
     return (
         "TorchDynamo found no tensor operation to capture in a frame it traces (the forward is in "
         "a file TorchDynamo skips, or runs under torch.compiler.disable)"
+    )
+
+
+def _cache_counts() -> tuple[int, int]:
+    """Hits and misses of Inductor's FX-graph cache and AOTAutograd's cache, so far."""
+    from torch._dynamo.utils import counters
+
+    ind, aot = counters["inductor"], counters["aot_autograd"]
+    return (
+        ind["fxgraph_cache_hit"] + aot["autograd_cache_hit"],
+        ind["fxgraph_cache_miss"] + aot["autograd_cache_miss"],
     )
 
 

@@ -9,6 +9,16 @@
   the ``loss_function`` property logs a ``warning_once`` inside ``forward``, which breaks the graph.
   It then uses ``ForCausalLM`` anyway, so setting ``loss_type = "ForCausalLM"`` changes nothing but
   the warning and the graph break.
+* Transformers models that pick their loss from ``config.problem_type`` (the
+  ``*ForSequenceClassification`` heads): when it is ``None`` the first forward with labels sets it
+  (from ``num_labels`` and the labels' dtype), a change TorchDynamo guards on, so the second call
+  recompiled the whole model. hasten sets it before that first call, by the same rule, from the
+  call's labels (:func:`call_fixes`): the value the model would have set itself.
+* A short last batch (a data set not divisible by the batch size): TorchDynamo specializes the
+  first graph on the batch size and recompiles the model for the smaller one (21 s for BERT small
+  on 2 CPU cores). hasten marks the batch dimension of the first call's inputs dynamic instead
+  (:func:`mark_batch_dynamic`, with ``CompileConfig(dynamic=None)``, the default): one graph for
+  every batch size, measured no slower per step (see ``docs/compiler.md``).
 * Transformers models that build a KV cache in training (``config.use_cache=True``): every forward
   concatenates keys and values into a cache returned as outputs. Named, not changed (it changes
   what the model returns).
@@ -16,9 +26,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
 from torch import nn
 
-__all__ = ["apply_fixes", "unwrap_data_parallel"]
+__all__ = ["apply_fixes", "call_fixes", "mark_batch_dynamic", "unwrap_data_parallel"]
+
+CallFix = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], bool]
 
 
 def unwrap_data_parallel(model: nn.Module) -> tuple[nn.Module, str | None]:
@@ -47,6 +64,97 @@ def apply_fixes(model: nn.Module, fix: bool = True) -> list[str]:
         notes.extend(_loss_type(module, where, fix))
         notes.extend(_use_cache(module, where))
     return notes
+
+
+def call_fixes(model: nn.Module, fix: bool = True) -> tuple[list[CallFix], list[str]]:
+    """Fixes that need a call's inputs, to run before calls of ``model`` (outside the trace).
+
+    Each fix returns ``True`` once done (then it is dropped). Returns the fixes and, for traps
+    found but not fixed (``fix=False``), one line each.
+    """
+    if not _is_transformers_model(model) or not _uses_problem_type(model):
+        return [], []
+    config = getattr(model, "config", None)
+    if getattr(config, "problem_type", "set") is not None:
+        return [], []
+    where = f"model ({type(model).__name__})"
+    if not fix:
+        return [], [
+            f"{where}: config.problem_type is None, so the first forward with labels sets it, "
+            "which recompiles the model; set model.config.problem_type before training"
+        ]
+    return [_problem_type_fix(where)], []
+
+
+def _uses_problem_type(model: nn.Module) -> bool:
+    import inspect
+
+    try:  # Transformers wraps forward in decorators (can_return_tuple ...): read the original
+        forward = inspect.unwrap(type(model).forward)
+    except ValueError:  # a cycle of __wrapped__
+        return False
+    code = getattr(forward, "__code__", None)
+    return code is not None and "problem_type" in code.co_names
+
+
+def _problem_type_fix(where: str) -> CallFix:
+    def fix(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        config = model.config
+        if config.problem_type is not None:  # set by the user or the model meanwhile
+            return True
+        labels = kwargs.get("labels")
+        if not isinstance(labels, torch.Tensor):
+            return False  # not a call that sets it: try the next one
+        # Transformers' own rule (e.g. BertForSequenceClassification.forward), applied early.
+        num_labels = model.num_labels
+        if num_labels == 1:
+            config.problem_type = "regression"
+        elif num_labels > 1 and labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+        _note(
+            model,
+            f"{where}: config.problem_type was None; set it to {config.problem_type!r} "
+            "before the first call with labels (what that call would have set), so the model "
+            "is not recompiled at its second call",
+        )
+        return True
+
+    return fix
+
+
+def _note(model: nn.Module, line: str) -> None:
+    from hasten.compiler.api import _RECORDS
+
+    record = _RECORDS.get(model)
+    if record is not None:
+        with record.lock:
+            record.fixes.append(line)
+
+
+def mark_batch_dynamic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """Let TorchDynamo keep the batch dimension of these inputs symbolic; returns the batch size.
+
+    The batch size is the most common size of dim 0 among the tensor inputs (``None``: no tensor,
+    or it is 0 or 1, which TorchDynamo always specializes); tensors whose dim 0 has that size get
+    ``torch._dynamo.maybe_mark_dynamic(t, 0)`` (a hint, not a demand: a model that needs a fixed
+    batch size still compiles, specialized).
+    """
+    tensors = [
+        t
+        for t in torch.utils._pytree.tree_leaves((args, kwargs))
+        if isinstance(t, torch.Tensor) and t.dim() > 0
+    ]
+    if not tensors:
+        return None
+    batch, _ = Counter(t.shape[0] for t in tensors).most_common(1)[0]
+    if batch < 2:
+        return None
+    for t in tensors:
+        if t.shape[0] == batch:
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+    return batch
 
 
 def _is_transformers_model(module: nn.Module) -> bool:

@@ -40,8 +40,12 @@ epoch is the one it planned), and the Trainer's ``num_items_in_batch`` is counte
 batches it trains on. Sifted batches are full except the last of each data pass; set
 ``dataloader_drop_last=True`` for only-full batches.
 
-Compiling: ``hasten.compile(model)`` before building the Trainer (the model is compiled in place,
-so the Trainer, its DDP wrapper and the sifting scorer all run the compiled module).
+Compiling: :func:`compile_trainer` (``compile_trainer(trainer)``, before ``trainer.train()``)
+compiles ``trainer.model`` in place with ``hasten.compile`` (so the Trainer, its DDP wrapper and
+the sifting scorer all run the compiled module) and makes the Trainer's AdamW the fused one
+(``optim="adamw_torch_fused"``: the same update in one kernel, instead of a for-loop of small
+ones that the compiled model would then wait on), saying so in one log line. ``hasten.compile(model)``
+before building the Trainer compiles the same way but leaves ``TrainingArguments.optim`` alone.
 ``TrainingArguments(torch_compile_backend="hasten")`` is refused by Accelerate (it accepts only
 its own list of backend names); see ``docs/integrations.md``.
 """
@@ -49,6 +53,7 @@ its own list of backend names); see ``docs/integrations.md``.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import pickle
 import warnings
@@ -68,7 +73,9 @@ from hasten.integrations.epochs import SiftedEpochs, expected_batches
 from hasten.integrations.metrics import find_sifting_loader, sifting_metrics
 from hasten.sifting.loader import SiftingDataloader
 
-__all__ = ["SiftingCallback", "enable_sifting"]
+__all__ = ["SiftingCallback", "compile_trainer", "enable_sifting"]
+
+logger = logging.getLogger("hasten")
 
 _MARK = "_hasten_sifting"
 _RESUME = "_hasten_sifting_resume"
@@ -183,6 +190,72 @@ def enable_sifting(
     trainer.callback_handler.callbacks.insert(0, SiftingCallback())
     setattr(trainer, _MARK, True)
     return trainer
+
+
+# Trainer optimizers with a fused twin that computes the same update in one kernel.
+_FUSED_TWIN = {"adamw_torch": "adamw_torch_fused"}
+
+
+def compile_trainer(
+    trainer: Any, config: Any = None, *, fused_optimizer: bool = True, **settings: Any
+) -> Any:
+    """Compile ``trainer.model`` with ``hasten.compile`` and give it the fused optimizer.
+
+    Args:
+        trainer: A ``transformers.Trainer`` whose optimizer is not created yet (before
+            ``train()``).
+        config: A :class:`hasten.CompileConfig` (``None``: the defaults).
+        fused_optimizer: Switch ``TrainingArguments.optim="adamw_torch"`` (the for-loop AdamW,
+            Transformers' default before 4.55) to ``"adamw_torch_fused"``, logging it. Optimizers
+            you passed to the Trainer yourself, and other ``optim`` values, are kept.
+        **settings: ``hasten.compile`` keywords, e.g. ``precision="bf16"``.
+
+    Returns:
+        ``trainer``, changed in place. A model already compiled by hasten is not recompiled.
+
+    Example::
+
+        trainer = Trainer(model=model, args=args, train_dataset=ds)
+        compile_trainer(trainer)       # logs: hasten: compiled BertForSequenceClassification ...
+        trainer.train()
+    """
+    import hasten
+
+    if not isinstance(trainer, transformers.Trainer):
+        raise TypeError(
+            f"compile_trainer expects a transformers.Trainer, got {type(trainer).__name__}"
+        )
+    try:
+        hasten.compiler.compile_report(trainer.model)
+    except ValueError:  # not compiled by hasten yet
+        hasten.compile(trainer.model, config, **settings)
+    if fused_optimizer:
+        _prefer_fused_optimizer(trainer)
+    return trainer
+
+
+def _prefer_fused_optimizer(trainer: Any) -> str | None:
+    """Switch the Trainer's optimizer to its fused twin where there is one; the line logged."""
+    from transformers.training_args import OptimizerNames
+
+    args = trainer.args
+    current = getattr(args.optim, "value", args.optim)
+    fused = _FUSED_TWIN.get(current)
+    if fused is None or getattr(trainer, "optimizer", None) is not None:
+        return None
+    device = next((p.device.type for p in trainer.model.parameters()), "cpu")
+    if device not in ("cpu", "cuda"):
+        return None  # fused AdamW has kernels for CPU and CUDA only
+    args.optim = OptimizerNames(fused)
+    line = (
+        f"hasten: TrainingArguments.optim {current!r} -> {fused!r} (the same AdamW update in one "
+        "fused kernel, for the hasten-compiled model); compile_trainer(..., "
+        "fused_optimizer=False) keeps it"
+    )
+    from hasten.compiler.report import log_line
+
+    log_line(line)
+    return line
 
 
 def _padding_from(trainer: Any) -> dict[str, Any]:

@@ -55,3 +55,4 @@ def test_demo_table_marks_skipped_and_unreached():
     text = demo_table(result)
     assert "not reached" in text and "skipped: hasten.sifting is not available" in text
     assert "1,000" in text
+    assert "one seed" in text  # a single run per variant says so

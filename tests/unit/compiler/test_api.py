@@ -33,8 +33,8 @@ def test_compile_rejects_non_modules_with_the_fix(model, match):
 def test_compile_rejects_bad_config_arguments():
     with pytest.raises(TypeError, match=r"hasten\.CompileConfig"):
         hasten.compile(nn.Linear(2, 2), config={"precision": "bf16"})  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="unknown CompileConfig field"):
-        hasten.compile(nn.Linear(2, 2), precison="bf16")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'precison'"):
+        hasten.compile(nn.Linear(2, 2), precison="bf16")  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="mode='default'"):
         hasten.compile(nn.Linear(2, 2), mode="reduce-overhead")
 
@@ -66,3 +66,23 @@ def test_verify_rejects_bad_arguments():
         hasten.verify(nn.Linear(2, 2), torch.randn(1, 2), loss, opt, steps=0)
     with pytest.raises(TypeError, match="callables"):
         hasten.verify(nn.Linear(2, 2), torch.randn(1, 2), "loss", opt)  # type: ignore[arg-type]
+
+
+def test_compile_spells_out_every_config_field_as_a_keyword():
+    import dataclasses
+    import inspect
+
+    params = inspect.signature(hasten.compile).parameters
+    keywords = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert keywords == [f.name for f in dataclasses.fields(hasten.CompileConfig)]
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def test_keywords_override_config_only_where_given():
+    from hasten.compiler.api import _RECORDS
+
+    cfg = hasten.CompileConfig(precision="fp32", fallback="raise", warn_recompiles=2)
+    model = hasten.compile(nn.Linear(2, 2), cfg, warn_recompiles=0, precision=torch.float32)
+    used = model._compiled_call_impl.code.config
+    assert (used.fallback, used.warn_recompiles, used.precision) == ("raise", 0, "fp32")
+    assert model in _RECORDS

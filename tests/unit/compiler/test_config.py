@@ -109,3 +109,51 @@ def test_cache_dir_accepts_pathlike(tmp_path):
 def test_hashable_and_equal_by_value():
     assert CompileConfig(precision="bf16") == CompileConfig(precision="bf16")
     assert hash(CompileConfig()) == hash(CompileConfig())
+
+
+@pytest.mark.parametrize(
+    ("given", "stored"),
+    [
+        (torch.bfloat16, "bf16"),
+        (torch.float32, "fp32"),
+        ("bf16-mixed", "bf16"),
+        ("32-true", "fp32"),
+        ("32", "fp32"),
+        ("BF16", "bf16"),
+        ("bfloat16", "bf16"),
+    ],
+)
+def test_precision_accepts_dtypes_and_lightning_names(given, stored):
+    assert CompileConfig(precision=given).precision == stored
+
+
+def test_precision_aliases_of_fp16_still_need_cuda():
+    if torch.cuda.is_available():
+        assert CompileConfig(precision=torch.float16).precision == "fp16"
+        assert CompileConfig(precision="16-mixed").precision == "fp16"
+    else:
+        for given in (torch.float16, "16-mixed"):
+            with pytest.raises(ValueError, match="needs a CUDA device"):
+                CompileConfig(precision=given)
+
+
+@pytest.mark.parametrize(
+    ("given", "error", "match"),
+    [
+        ("bf16-true", ValueError, "casts the parameters themselves"),
+        ("64-true", ValueError, "float64"),
+        (torch.float64, ValueError, "not valid"),
+        ("fp8", ValueError, "'bf16-mixed'"),
+        (16, TypeError, "torch.dtype"),
+    ],
+)
+def test_precision_refuses_other_semantics_with_the_fix(given, error, match):
+    with pytest.raises(error, match=match):
+        CompileConfig(precision=given)
+
+
+@pytest.mark.parametrize("path", ["/tmp/with space/cache", " leading", "tab\there"])
+def test_cache_dir_with_whitespace_is_refused_naming_it(path):
+    with pytest.raises(ValueError, match=r"contains whitespace.*without spaces") as exc:
+        CompileConfig(cache_dir=path)
+    assert repr(path) in str(exc.value)

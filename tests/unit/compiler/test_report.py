@@ -50,3 +50,20 @@ def test_report_text_lists_everything():
     assert "trap: model: something fixed" in text
     assert "attention_to_sdpa on pre_grad: attention_rewritten 1 (nodes 30 -> 26)" in text
     assert "linear x2" in text
+
+
+def test_one_compile_line_format():
+    from hasten.compiler.report import compile_line
+
+    assert (
+        compile_line("GPT2LMHeadModel", 1, 9.84)
+        == "hasten: compiled GPT2LMHeadModel: 1 graph, 9.8 s"
+    )
+    assert (
+        compile_line("M", 3, 2.0, variant="eval_no_grad", details=("from the cache",))
+        == "hasten: compiled M (eval_no_grad): 3 graphs, from the cache, 2.0 s"
+    )
+    line = compile_line("M", 1, 1.0, recompile="tensor 'x' size mismatch at index 0\nmore")
+    assert line == (
+        "hasten: recompiled M: 1 graph, 1.0 s; guard that failed: tensor 'x' size mismatch at index 0"
+    )

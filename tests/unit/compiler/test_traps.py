@@ -81,3 +81,64 @@ def test_ddp_wrapped_module_is_unwrapped_for_compiling(tmp_path):
         assert unwrap_data_parallel(inner) == (inner, None)
     finally:
         dist.destroy_process_group()
+
+
+def _bert_classifier(num_labels: int = 2) -> nn.Module:
+    cfg = transformers.BertConfig(
+        num_hidden_layers=1,
+        hidden_size=16,
+        num_attention_heads=2,
+        intermediate_size=32,
+        vocab_size=32,
+        num_labels=num_labels,
+    )
+    return transformers.BertForSequenceClassification(cfg)
+
+
+@pytest.mark.parametrize(
+    ("num_labels", "labels", "expected"),
+    [
+        (2, torch.tensor([0, 1]), "single_label_classification"),
+        (1, torch.tensor([0.5, 1.0]), "regression"),
+        (3, torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]), "multi_label_classification"),
+    ],
+)
+def test_problem_type_is_set_before_the_first_call_as_the_model_would(num_labels, labels, expected):
+    from hasten.compiler.traps import call_fixes
+
+    eager = _bert_classifier(num_labels)
+    ids = torch.randint(0, 32, (2, 8))
+    eager(input_ids=ids, labels=labels)
+    assert eager.config.problem_type == expected  # what the model sets itself
+    model = _bert_classifier(num_labels)
+    fixes, notes = call_fixes(model)
+    assert len(fixes) == 1 and notes == []
+    assert fixes[0](model, (), {"input_ids": ids}) is False  # no labels: wait for a call with them
+    assert model.config.problem_type is None
+    assert fixes[0](model, (), {"input_ids": ids, "labels": labels}) is True
+    assert model.config.problem_type == expected
+
+
+def test_problem_type_trap_is_named_when_fixing_is_off_and_absent_when_set():
+    from hasten.compiler.traps import call_fixes
+
+    fixes, notes = call_fixes(_bert_classifier(), fix=False)
+    assert fixes == [] and "config.problem_type is None" in notes[0]
+    model = _bert_classifier()
+    model.config.problem_type = "single_label_classification"
+    assert call_fixes(model) == ([], [])
+    assert call_fixes(_gpt2()) == ([], [])  # its forward never reads problem_type
+
+
+def test_batch_dimension_is_marked_dynamic_on_the_common_batch_size():
+    from hasten.compiler.traps import mark_batch_dynamic
+
+    ids, mask, labels = torch.zeros(4, 8), torch.ones(4, 8), torch.zeros(4)
+    table = torch.zeros(3, 5)  # not batch-shaped: left alone
+    assert mark_batch_dynamic((ids,), {"mask": mask, "labels": labels, "table": table}) == 4
+    for t in (ids, mask, labels):
+        assert 0 in getattr(t, "_dynamo_weak_dynamic_indices", set())
+    assert not hasattr(table, "_dynamo_weak_dynamic_indices")
+    one = torch.zeros(1, 8)
+    assert mark_batch_dynamic((one,), {}) is None  # batch 1 is always specialized
+    assert mark_batch_dynamic((), {"x": 3}) is None

@@ -1,0 +1,67 @@
+"""compile_trainer: compiles the Trainer's model in place and picks the fused AdamW, saying so.
+
+hasten.compile is lazy (nothing compiles before the first call), so these tests stay quick.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+import hasten  # noqa: E402
+from hasten.integrations.transformers import compile_trainer  # noqa: E402
+
+
+def _trainer(tmp_path, **args):
+    cfg = transformers.BertConfig(
+        num_hidden_layers=1,
+        hidden_size=16,
+        num_attention_heads=2,
+        intermediate_size=32,
+        vocab_size=32,
+    )
+    model = transformers.BertForSequenceClassification(cfg)
+    data = [{"input_ids": torch.randint(0, 32, (8,)), "labels": torch.tensor(0)}] * 4
+    targs = transformers.TrainingArguments(
+        str(tmp_path), max_steps=1, report_to=[], use_cpu=True, **args
+    )
+    return transformers.Trainer(model=model, args=targs, train_dataset=data)
+
+
+def test_for_loop_adamw_becomes_fused_with_a_log_line(tmp_path, caplog):
+    trainer = _trainer(tmp_path, optim="adamw_torch")
+    with caplog.at_level(logging.INFO, logger="hasten"):
+        assert compile_trainer(trainer) is trainer
+    assert trainer.args.optim.value == "adamw_torch_fused"
+    assert "'adamw_torch' -> 'adamw_torch_fused'" in caplog.text
+    assert "fused_optimizer=False" in caplog.text  # how to keep it
+    hasten.compiler.compile_report(trainer.model)  # compiled in place (raises if not)
+    optimizer = trainer.create_optimizer()
+    assert optimizer.defaults.get("fused") is True
+
+
+def test_opting_out_and_other_optimizers_are_left_alone(tmp_path, caplog):
+    trainer = _trainer(tmp_path, optim="adamw_torch")
+    compile_trainer(trainer, fused_optimizer=False)
+    assert trainer.args.optim.value == "adamw_torch"
+    trainer = _trainer(tmp_path, optim="sgd")
+    with caplog.at_level(logging.INFO, logger="hasten"):
+        compile_trainer(trainer, precision="fp32")
+    assert trainer.args.optim.value == "sgd" and "->" not in caplog.text
+
+
+def test_a_model_compiled_already_is_kept(tmp_path):
+    trainer = _trainer(tmp_path)
+    hasten.compile(trainer.model, fallback="raise")
+    impl = trainer.model._compiled_call_impl
+    compile_trainer(trainer)
+    assert trainer.model._compiled_call_impl is impl
+    with pytest.raises(TypeError, match=r"transformers\.Trainer"):
+        compile_trainer(object())
