@@ -24,11 +24,12 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["FALLBACKS", "MODES", "PRECISIONS", "CompileConfig"]
+__all__ = ["FALLBACKS", "MODES", "PRECISIONS", "REGIONS", "CompileConfig"]
 
 Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Fallback = Literal["eager", "raise"]
+Regions = Literal["auto", "blocks", "whole"]
 
 MODES: tuple[str, ...] = (
     "default",
@@ -38,6 +39,7 @@ MODES: tuple[str, ...] = (
 )
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 FALLBACKS: tuple[str, ...] = ("eager", "raise")
+REGIONS: tuple[str, ...] = ("auto", "blocks", "whole")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +96,17 @@ class CompileConfig:
     comes when the limit is hit. ``0`` disables. (Switching train/eval or grad/no-grad recompiles
     once or twice in a normal loop, which is why the default is not lower.)"""
 
+    regions: Regions = "auto"
+    """What one compiled graph covers. ``"whole"``: the model's whole call, one graph when
+    nothing breaks it. ``"blocks"``: each block that repeats (children of an ``nn.ModuleList`` or
+    ``nn.Sequential`` of one class and parameter shapes, e.g. a transformer's layers) is compiled
+    once and the compiled code shared by all of them; the code around the blocks (embeddings,
+    final norm, head, loss) runs eagerly. Cold compile time then stops growing with depth.
+    ``"auto"``: ``"blocks"`` when at least ``hasten.compiler.regions.AUTO_MIN_BLOCKS`` blocks
+    share one signature and hold at least ``AUTO_MIN_BLOCK_SHARE`` of the parameters, else
+    ``"whole"`` (the measurements behind the rule are in docs/compiler.md#regions). FSDP2 models
+    are always compiled by unit."""
+
     inductor_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     """Extra Inductor config (``torch._inductor.config`` names), scoped to this model's
     compilation. Overrides what ``mode`` and hasten choose."""
@@ -102,6 +115,7 @@ class CompileConfig:
         _one_of("mode", self.mode, MODES)
         _one_of("precision", self.precision, PRECISIONS)
         _one_of("fallback", self.fallback, FALLBACKS)
+        _one_of("regions", self.regions, REGIONS)
         for name in ("fullgraph", "fix_known_traps"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"CompileConfig.{name} must be True or False")
