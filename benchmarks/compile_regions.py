@@ -14,7 +14,8 @@ layer inside each block, see ``hasten.compiler.regions``), unless ``--use-cache`
 Candidates: ``eager``; ``torch.compile`` (whole model); ``torch.compile regional`` (PyTorch's
 recipe: ``block.compile()`` for each transformer block, the rest eager); ``hasten whole``
 (``regions="whole"``); ``hasten blocks`` (``regions="blocks"``, glue eager); ``hasten blocks+glue``
-(glue submodules compiled too). ``first_cpu_s`` is the CPU time of the first step (this process and
+(glue submodules compiled too); ``hasten whole+nested`` (an experiment: ``regions="whole"`` with
+the block class's ``forward`` wrapped in ``torch.compiler.nested_compile_region``). ``first_cpu_s`` is the CPU time of the first step (this process and
 its waited-for children: Inductor's compile workers, if any, are not counted).
 
 Results go to ``benchmarks/results/compile-regions-<size>.json`` with the machine stamp.
@@ -38,6 +39,7 @@ CANDIDATES = (
     "hasten whole",
     "hasten blocks",
     "hasten blocks+glue",
+    "hasten whole+nested",
 )
 SHAPES = {
     "tiny": (4, 16),
@@ -70,6 +72,11 @@ def child(size: str, candidate: str, steps: int, use_cache: bool) -> dict:
     elif candidate == "torch.compile regional":
         for block in model.transformer.h:
             block.compile()
+    elif candidate == "hasten whole+nested":
+        # an experiment: the whole model in one graph, its block traced once as a nested region
+        cls = type(model.transformer.h[0])
+        cls.forward = torch.compiler.nested_compile_region(cls.forward)
+        hasten.compile(model, regions="whole")
     elif candidate.startswith("hasten"):
         regions.GLUE = "compiled" if candidate == "hasten blocks+glue" else "eager"
         hasten.compile(model, regions="whole" if candidate == "hasten whole" else "blocks")

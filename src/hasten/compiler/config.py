@@ -24,12 +24,13 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["FALLBACKS", "MODES", "PRECISIONS", "REGIONS", "CompileConfig"]
+__all__ = ["FALLBACKS", "MODES", "PRECISIONS", "REGIONS", "STARTS", "CompileConfig"]
 
 Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Fallback = Literal["eager", "raise"]
 Regions = Literal["auto", "blocks", "whole"]
+Start = Literal["wait", "eager"]
 
 MODES: tuple[str, ...] = (
     "default",
@@ -40,6 +41,7 @@ MODES: tuple[str, ...] = (
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 FALLBACKS: tuple[str, ...] = ("eager", "raise")
 REGIONS: tuple[str, ...] = ("auto", "blocks", "whole")
+STARTS: tuple[str, ...] = ("wait", "eager")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +109,21 @@ class CompileConfig:
     ``"whole"`` (the measurements behind the rule are in docs/compiler.md#regions). FSDP2 models
     are always compiled by unit."""
 
+    start: Start = "wait"
+    """``"wait"``: the first call compiles, and training waits for it. ``"eager"`` (no-wait
+    start): a helper process compiles each region into the on-disk cache while training runs
+    eagerly; the first call after it finished compiles from that cache (seconds) and runs
+    compiled from then on, with the same numerics. Pays on a GPU, where eager steps leave the
+    CPU free; on a CPU with few cores the helper competes with the eager steps (measured in
+    docs/compiler.md#starting-fast). See :mod:`hasten.compiler.nowait`."""
+
+    rank_wait_s: float = 600.0
+    """Under ``torchrun`` with several ranks on a node, local rank 0 compiles each region first
+    and the other ranks wait for it, at most this many seconds, then compile from the cache it
+    filled (tracing only), so the node compiles once. A rank stops waiting at once when the
+    compiling rank died or failed, and compiles locally. ``0`` turns this off (every rank
+    compiles on its own). See :mod:`hasten.compiler.ranks`."""
+
     inductor_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     """Extra Inductor config (``torch._inductor.config`` names), scoped to this model's
     compilation. Overrides what ``mode`` and hasten choose."""
@@ -116,6 +133,7 @@ class CompileConfig:
         _one_of("precision", self.precision, PRECISIONS)
         _one_of("fallback", self.fallback, FALLBACKS)
         _one_of("regions", self.regions, REGIONS)
+        _one_of("start", self.start, STARTS)
         for name in ("fullgraph", "fix_known_traps"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"CompileConfig.{name} must be True or False")
@@ -125,6 +143,10 @@ class CompileConfig:
             raise TypeError("CompileConfig.warn_recompiles must be an int (0 disables the warning)")
         if self.warn_recompiles < 0:
             raise ValueError("CompileConfig.warn_recompiles must be >= 0 (0 disables the warning)")
+        if isinstance(self.rank_wait_s, bool) or not isinstance(self.rank_wait_s, (int, float)):
+            raise TypeError("CompileConfig.rank_wait_s must be a number of seconds (0 disables)")
+        if not self.rank_wait_s >= 0:
+            raise ValueError("CompileConfig.rank_wait_s must be >= 0 seconds (0 disables)")
         object.__setattr__(self, "passes", MappingProxyType(_check_passes(self.passes)))
         if not isinstance(self.inductor_options, Mapping):
             raise TypeError(
