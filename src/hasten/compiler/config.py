@@ -104,9 +104,9 @@ class CompileConfig:
     ``nn.Sequential`` of one class and parameter shapes, e.g. a transformer's layers) is compiled
     once and the compiled code shared by all of them; the code around the blocks (embeddings,
     final norm, head, loss) runs eagerly. Cold compile time then stops growing with depth.
-    ``"auto"``: ``"blocks"`` when at least ``hasten.compiler.regions.AUTO_MIN_BLOCKS`` blocks
-    share one signature and hold at least ``AUTO_MIN_BLOCK_SHARE`` of the parameters, else
-    ``"whole"`` (the measurements behind the rule are in docs/compiler.md#regions). FSDP2 models
+    ``"auto"`` (default) is ``"whole"`` for every model not sharded with FSDP2: on GPT-2 4x256 and
+    12x768 block mode started 1.6-2x sooner but its steady step was 10-12 % slower, so it pays
+    only for runs shorter than about 100-450 steps (docs/compiler.md#regions). FSDP2 models
     are always compiled by unit."""
 
     start: Start = "wait"

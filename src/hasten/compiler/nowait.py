@@ -114,7 +114,7 @@ def start_helper(
             {
                 "module": module,
                 "inputs": inputs,
-                "config": code.config.replace(start="wait", rank_wait_s=0),
+                "config": _fields(code.config.replace(start="wait", rank_wait_s=0)),
                 "label": code.label,
                 "kind": code.kind,
                 "variant": variant,
@@ -142,6 +142,17 @@ def start_helper(
     return helper
 
 
+def _fields(config: Any) -> dict[str, Any]:
+    """``config``'s fields, picklable (its mappings are read-only proxies, which do not pickle)."""
+    import dataclasses
+    from collections.abc import Mapping
+
+    return {
+        f.name: dict(v) if isinstance(v := getattr(config, f.name), Mapping) else v
+        for f in dataclasses.fields(config)
+    }
+
+
 def _stop_all() -> None:
     for h in _LIVE:
         h.stop()
@@ -156,6 +167,7 @@ def _grad_mode(variant: str) -> Any:
 
 def main(path: str) -> None:
     """The helper: compile the saved region on the saved inputs, then exit."""
+    from hasten.compiler.config import CompileConfig
     from hasten.compiler.report import CompileRecord
     from hasten.compiler.runtime import CompiledCode
 
@@ -163,7 +175,12 @@ def main(path: str) -> None:
     module: nn.Module = p["module"]
     module.train(p["variant"].startswith("train"))
     code = CompiledCode(
-        p["label"], p["kind"], p["config"], CompileRecord(), p["device"], p["out_dtype"]
+        p["label"],
+        p["kind"],
+        CompileConfig(**p["config"]),
+        CompileRecord(),
+        p["device"],
+        p["out_dtype"],
     )
     args, kwargs = p["inputs"]
     with _grad_mode(p["variant"]):

@@ -32,20 +32,12 @@ from hasten.compiler.report import CompileRecord
 from hasten.compiler.runtime import CompiledCode, CompiledForward, Kind
 
 __all__ = [
-    "AUTO_MIN_BLOCKS",
-    "AUTO_MIN_BLOCK_SHARE",
     "builds_kv_cache",
     "fsdp_units",
     "install",
     "plan_regions",
     "repeated_blocks",
 ]
-
-AUTO_MIN_BLOCKS = 4
-"""``regions="auto"`` compiles by block when at least this many blocks share one signature."""
-
-AUTO_MIN_BLOCK_SHARE = 0.25
-"""... and when the repeated blocks hold at least this share of the model's parameters."""
 
 GLUE: str = "eager"
 """What runs the code around the blocks in block mode: ``"eager"`` (measured better, see
@@ -112,10 +104,12 @@ def plan_regions(model: nn.Module, regions: str = "whole") -> list[tuple[nn.Modu
     units = fsdp_units(model)
     if units:
         return _fsdp_regions(model, units)
-    if regions == "whole":
+    # "auto" is "whole": block mode's steady step measured 10-12 % slower than the whole
+    # model's on GPT-2 4x256 and 12x768 (docs/compiler.md#regions), so it wins only short runs
+    if regions != "blocks":
         return [(model, "call")]
-    blocks = repeated_blocks(model, min_count=2 if regions == "blocks" else AUTO_MIN_BLOCKS)
-    if not blocks or (regions == "auto" and not _auto_prefers_blocks(model, blocks)):
+    blocks = repeated_blocks(model)
+    if not blocks:
         return [(model, "call")]
     out: list[tuple[nn.Module, Kind]] = [(b, "call") for b in blocks]
     if GLUE == "compiled":
@@ -182,13 +176,6 @@ def repeated_blocks(model: nn.Module, min_count: int = 2) -> list[nn.Module]:
 
     visit(model)
     return found
-
-
-def _auto_prefers_blocks(model: nn.Module, blocks: list[nn.Module]) -> bool:
-    """The ``"auto"`` rule (measured, see docs/compiler.md#regions)."""
-    in_blocks = sum(p.numel() for b in blocks for p in b.parameters())
-    total = sum(p.numel() for p in model.parameters())
-    return total > 0 and in_blocks >= AUTO_MIN_BLOCK_SHARE * total
 
 
 def builds_kv_cache(model: nn.Module) -> bool:

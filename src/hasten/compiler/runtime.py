@@ -344,7 +344,8 @@ class CompiledForward:
         # ``now`` is this object, a region's (the module is an FSDP unit) or None (eager glue)
         out = self.module._call_impl(*args, **kwargs) if now is None else now(*args, **kwargs)
         record = self.code.record
-        if not record.graphs and record.fallback is None:
+        # start="eager": the first call ran eagerly while a helper compiles, by design
+        if not record.graphs and record.fallback is None and self.code.config.start != "eager":
             reason = nothing_compiled_reason(before)
             with record.lock:
                 record.fixes.append(f"nothing was compiled: {reason}")
