@@ -31,7 +31,18 @@ from hasten.compiler.config import CompileConfig
 from hasten.compiler.report import CompileRecord
 from hasten.compiler.runtime import CompiledCode, CompiledForward, Kind
 
-__all__ = ["fsdp_units", "install", "plan_regions"]
+__all__ = [
+    "builds_kv_cache",
+    "fsdp_units",
+    "install",
+    "plan_regions",
+    "repeated_blocks",
+]
+
+GLUE: str = "eager"
+"""What runs the code around the blocks in block mode: ``"eager"`` (measured better, see
+docs/compiler.md#regions) or ``"compiled"`` (each outermost submodule with parameters outside the
+blocks, e.g. embeddings, final norm, LM head, compiled as a region of its own)."""
 
 
 def install(model: nn.Module, config: CompileConfig, record: CompileRecord, device: str) -> None:
@@ -39,14 +50,21 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
     code = CompiledCode(type(model).__name__, "call", config, record, device, _dtype_of(model))
 
     def plan(module: nn.Module) -> None:
-        regions = plan_regions(module)
+        fsdp = bool(fsdp_units(module))
+        regions = plan_regions(module, config.regions)
+        # A training KV cache (Transformers' use_cache=True) is indexed by layer inside each
+        # block, so TorchDynamo would recompile a shared block once per layer, up to its limit
+        # (8): then each block gets code of its own, and Inductor's caches share the kernels.
+        own = not fsdp and builds_kv_cache(module)
         if regions == [(module, "call")]:
             return
         module._compiled_call_impl = None  # its own call runs eagerly, unless it is a region
         codes: dict[tuple[object, ...], CompiledCode] = {}
+        served: dict[tuple[object, ...], int] = {}
         labels: dict[str, int] = {}
         for sub, kind in regions:
-            key = _signature(sub, kind)
+            key = _signature(sub, kind) + ((id(sub),) if own else ())
+            served[key] = served.get(key, 0) + 1
             shared = codes.get(key)
             if shared is None:
                 name = type(sub).__name__
@@ -56,8 +74,13 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
                     label, kind, config, record, device, _dtype_of(sub)
                 )
             sub._compiled_call_impl = CompiledForward(sub, shared)
+        note = (
+            _fsdp_note(regions, len(codes))
+            if fsdp
+            else _blocks_note(module, codes, served, config.regions, own)
+        )
         with record.lock:
-            record.fixes.append(_fsdp_note(regions, len(codes)))
+            record.fixes.append(note)
 
     model._compiled_call_impl = CompiledForward(model, code, on_first_call=plan)
 
@@ -71,11 +94,99 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
-def plan_regions(model: nn.Module) -> list[tuple[nn.Module, Kind]]:
-    """The regions hasten compiles in ``model`` (see the module docstring)."""
+def plan_regions(model: nn.Module, regions: str = "whole") -> list[tuple[nn.Module, Kind]]:
+    """The regions hasten compiles in ``model`` (see the module docstring).
+
+    Args:
+        model: The model (FSDP2 units in it are always compiled by unit).
+        regions: ``CompileConfig.regions``: ``"whole"``, ``"blocks"`` or ``"auto"``.
+    """
     units = fsdp_units(model)
-    if not units:
+    if units:
+        return _fsdp_regions(model, units)
+    # "auto" is "whole": block mode's steady step measured 10-12 % slower than the whole
+    # model's on GPT-2 4x256 and 12x768 (docs/compiler.md#regions), so it wins only short runs
+    if regions != "blocks":
         return [(model, "call")]
+    blocks = repeated_blocks(model)
+    if not blocks:
+        return [(model, "call")]
+    out: list[tuple[nn.Module, Kind]] = [(b, "call") for b in blocks]
+    if GLUE == "compiled":
+        out.extend((m, "call") for m in _glue_modules(model, blocks))
+    return out
+
+
+def _glue_modules(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """The outermost modules with parameters that hold no block and are in none."""
+    block_ids = {id(b) for b in blocks}
+    holders = {id(m) for b in blocks for m in _ancestors(model, b)}
+    found: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            if id(child) in block_ids:
+                continue
+            if id(child) in holders:
+                visit(child)
+            elif next(child.parameters(), None) is not None:
+                found.append(child)
+
+    visit(model)
+    return found
+
+
+def _ancestors(model: nn.Module, target: nn.Module) -> list[nn.Module]:
+    for name, m in model.named_modules():
+        if m is target:
+            parts = name.split(".") if name else []
+            chain, cur = [model], model
+            for part in parts[:-1]:
+                cur = getattr(cur, part)
+                chain.append(cur)
+            return chain
+    return []
+
+
+def repeated_blocks(model: nn.Module, min_count: int = 2) -> list[nn.Module]:
+    """The blocks of ``model`` that repeat, in model order.
+
+    A block is a child of an ``nn.ModuleList`` or ``nn.Sequential`` with parameters, and it
+    repeats when at least ``min_count`` children of that container have its signature (class and
+    parameter names, shapes and dtypes). The outermost such containers count: what is inside a
+    repeated block is compiled with it.
+    """
+    found: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> None:
+        if isinstance(module, (nn.ModuleList, nn.Sequential)):
+            groups: dict[tuple[object, ...], list[nn.Module]] = {}
+            for child in module.children():
+                if next(child.parameters(), None) is not None:
+                    groups.setdefault(_signature(child, "call"), []).append(child)
+            repeated = {id(b) for g in groups.values() if len(g) >= min_count for b in g}
+            for child in module.children():
+                if id(child) in repeated:
+                    found.append(child)
+                else:
+                    visit(child)
+            return
+        for child in module.children():
+            visit(child)
+
+    visit(model)
+    return found
+
+
+def builds_kv_cache(model: nn.Module) -> bool:
+    """Whether ``model`` (a Transformers model in training) builds a KV cache in its forward."""
+    config = getattr(model, "config", None)
+    return bool(
+        model.training and getattr(config, "use_cache", False) and hasattr(config, "to_dict")
+    )
+
+
+def _fsdp_regions(model: nn.Module, units: list[nn.Module]) -> list[tuple[nn.Module, Kind]]:
     unit_ids = {id(m) for m in units}
     regions: list[tuple[nn.Module, Kind]] = []
 
@@ -117,4 +228,25 @@ def _fsdp_note(regions: list[tuple[nn.Module, Kind]], codes: int) -> str:
         f"forward of {units} unit(s) without nested units (hooks run eagerly around it) and "
         f"{calls} submodule(s) with parameters outside them, {codes} distinct region(s); the "
         "forward of units with nested units (their glue code and the loss) runs eagerly"
+    )
+
+
+def _blocks_note(
+    model: nn.Module,
+    codes: dict[tuple[object, ...], CompiledCode],
+    served: dict[tuple[object, ...], int],
+    regions: str,
+    own: bool,
+) -> str:
+    if own:
+        shared = (
+            f"{len(codes)} blocks with code of their own, since the training KV cache "
+            "(config.use_cache=True) differs per layer; set model.config.use_cache=False "
+            "to share one"
+        )
+    else:
+        shared = ", ".join(f"1 {codes[k].label} shared by {n}" for k, n in served.items())
+    return (
+        f"regions={regions!r}: compiled {type(model).__name__} by block ({shared}); the code "
+        "around the blocks (embeddings, final norm, head, loss) runs eagerly"
     )

@@ -26,6 +26,7 @@ included, ``kind="call"``), or only its ``forward`` with the module's hooks run 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -41,6 +42,7 @@ from torch import nn
 from hasten.compiler.backend import HastenBackend
 from hasten.compiler.config import CompileConfig
 from hasten.compiler.precision import autocast_dtype, with_autocast
+from hasten.compiler.ranks import rank_gate
 from hasten.compiler.report import CompileRecord, Recompile, compile_line, log_line
 from hasten.compiler.traps import mark_batch_dynamic
 
@@ -54,6 +56,8 @@ __all__ = [
 ]
 
 Kind = Literal["call", "forward"]
+
+_LABELS: dict[str, int] = {}  # regions created per label in this process (rank gate keys)
 
 
 class HastenCompileWarning(UserWarning):
@@ -133,6 +137,8 @@ class CompiledCode:
         self.kind = kind
         self.config = config
         self.record = record
+        self.device_type = device_type
+        self.out_dtype = out_dtype
         fn: Callable[..., Any] = hasten_forward if kind == "call" else hasten_region
         dtype = autocast_dtype(config.precision)
         self.eager = fn if dtype is None else with_autocast(fn, device_type, dtype, out_dtype)
@@ -140,6 +146,12 @@ class CompiledCode:
         self._pending: list[tuple[str, str]] = []
         self._variants: dict[str, Callable[..., Any]] = {}
         self._ran: set[str] = set()  # variants that returned at least once
+        # under torchrun: local rank 0 compiles each variant first (see hasten.compiler.ranks);
+        # the key counts same-named regions so two models in one script do not share markers
+        self.gate = rank_gate(config.rank_wait_s, config.cache_dir)
+        _LABELS[self.label] = n = _LABELS.get(self.label, 0) + 1
+        self._gate_key = f"{self.label}.{n}"
+        self._helpers: dict[str, Any] = {}  # start="eager": variant -> its compiling helper
 
     def compiled(self, variant: str) -> Callable[..., Any]:
         """The compiled function of ``variant`` (created on first use; Dynamo compiles lazily)."""
@@ -161,6 +173,18 @@ class CompiledCode:
             # the outer trace takes the plain forward in.
             return self.eager(module, *args, **kwargs)
         variant = grad_variant(module.training)
+        if (
+            self.config.start == "eager"
+            and variant not in self._variants
+            and self._helper_busy(module, args, kwargs, variant)
+        ):
+            return self.eager(module, *args, **kwargs)
+        gated = self.gate is not None and variant not in self._variants
+        turn = (
+            self.gate.turn(f"{self._gate_key}.{variant}")  # type: ignore[union-attr]
+            if gated
+            else contextlib.nullcontext()
+        )
         compiled = self.compiled(variant)
         if self.config.dynamic is None and variant not in self._ran:
             mark_batch_dynamic(args, kwargs)  # a short last batch must not recompile (traps.py)
@@ -169,7 +193,8 @@ class CompiledCode:
         t0 = time.perf_counter()
         recompiled: str | None = None
         try:
-            out = compiled(module, *args, **kwargs)
+            with turn:
+                out = compiled(module, *args, **kwargs)
         except Exception as err:
             if self.config.fallback == "raise" or not is_compile_error(err):
                 if variant not in self._ran and self.record.backend_calls == calls:
@@ -181,6 +206,12 @@ class CompiledCode:
             return self._fall_back(err, module, args, kwargs)
         finally:
             recompiled = self._flush_recompiles()
+            if gated and self.gate is not None and self.gate.outcomes:
+                with self.record.lock:
+                    self.record.fixes.append(
+                        f"torchrun ({self.label}, {variant}): {self.gate.outcomes[-1]}; this "
+                        f"rank waited {self.gate.waited_s:.1f} s for local rank 0 in all"
+                    )
         self._ran.add(variant)
         if self.record.backend_calls != calls:  # this call compiled (or recompiled) a graph
             seconds = time.perf_counter() - t0
@@ -198,6 +229,32 @@ class CompiledCode:
                 )
             )
         return out
+
+    def _helper_busy(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], variant: str
+    ) -> bool:
+        """``start="eager"``: whether a helper still compiles ``variant`` (start one if none)."""
+        from hasten.compiler.nowait import start_helper
+
+        helper = self._helpers.get(variant)
+        if helper is None:
+            helper = self._helpers[variant] = start_helper(self, module, args, kwargs, variant)
+            if isinstance(helper, str):
+                _warn(
+                    f"hasten: start='eager' could not hand {self.label} to a helper process "
+                    f"({helper}), so it compiles now, in this process",
+                    HastenCompileWarning,
+                )
+        if isinstance(helper, str) or helper.running():
+            return not isinstance(helper, str)
+        with self.record.lock:
+            self.record.fixes.append(
+                f"start='eager': {self.label} ({variant}) ran eagerly for "
+                f"{helper.ended - helper.started:.1f} s while a helper process compiled it"
+                + ("" if helper.returncode == 0 else f" (the helper failed: {helper.error()})")
+                + "; compiled from its cache from then on"
+            )
+        return False
 
     def _fall_back(
         self, err: BaseException, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -324,7 +381,8 @@ class CompiledForward:
                 self._first_call = _nothing_to_plan
             raise
         record = self.code.record
-        if not record.graphs and record.fallback is None:
+        # start="eager": the first call ran eagerly while a helper compiles, by design
+        if not record.graphs and record.fallback is None and self.code.config.start != "eager":
             reason = nothing_compiled_reason(before)
             with record.lock:
                 record.fixes.append(f"nothing was compiled: {reason}")

@@ -68,3 +68,113 @@ def test_fsdp2_units_are_compiled_by_region(one_rank):
     root_only = Net()
     fully_shard(root_only)
     assert plan_regions(root_only) == [(root_only, "forward")]
+
+
+class Layer(nn.Module):
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(self.norm(x)))
+
+
+class Stack(nn.Module):
+    """Embedding, 4 identical layers and one odd one, a head: the shape of a small transformer."""
+
+    def __init__(self, layers: int = 4) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.layers = nn.ModuleList([Layer() for _ in range(layers)] + [Layer(8)])
+        self.layers.append(nn.Sequential(nn.Linear(8, 8)))  # another class: not a block
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x).mean(dim=1)
+
+
+def test_repeated_blocks_are_same_class_same_shapes_children_of_a_list():
+    from hasten.compiler.regions import repeated_blocks
+
+    net = Stack()
+    assert repeated_blocks(net) == list(net.layers[:5])
+    assert repeated_blocks(net, min_count=6) == []
+    other = Net()
+    assert repeated_blocks(other) == list(other.blocks)
+
+
+def test_regions_modes_plan_whole_blocks_or_by_the_auto_rule():
+    net = Stack()
+    assert plan_regions(net, "whole") == [(net, "call")]
+    assert plan_regions(net, "blocks") == [(b, "call") for b in net.layers[:5]]
+    # "auto" is "whole" (measured: blocks' steady step is slower, docs/compiler.md#regions)
+    assert plan_regions(net, "auto") == [(net, "call")]
+    few = Stack(layers=1)  # 2 repeats are enough for "blocks"
+    assert len(plan_regions(few, "blocks")) == 2
+    plain = nn.Sequential(nn.Linear(2, 2), nn.ReLU())  # nothing repeats
+    assert plan_regions(plain, "blocks") == [(plain, "call")]
+
+
+def test_glue_modules_are_the_outermost_parameter_holders_outside_the_blocks():
+    from hasten.compiler.regions import _glue_modules, repeated_blocks
+
+    net = Stack()
+    assert _glue_modules(net, repeated_blocks(net)) == [net.emb, net.layers[5], net.head]
+
+
+def test_regions_is_validated():
+    from hasten import CompileConfig
+
+    assert CompileConfig().regions == "auto"
+    with pytest.raises(ValueError, match="regions"):
+        CompileConfig(regions="layers")
+
+
+def _train(model: nn.Module, steps: int = 4) -> list[float]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        ids, y = torch.randint(0, 16, (4, 6), generator=g), torch.randint(0, 3, (4,), generator=g)
+        loss = nn.functional.cross_entropy(model(ids), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("glue", ["eager", "compiled"])
+def test_blocks_whole_and_eager_train_alike_fp32(glue, monkeypatch):
+    import copy
+
+    import hasten
+    from hasten.compiler import regions as r
+    from hasten.compiler.api import compile_report
+
+    monkeypatch.setattr(r, "GLUE", glue)
+    torch.manual_seed(0)
+    eager = Stack()
+    whole, blocks = copy.deepcopy(eager), copy.deepcopy(eager)
+    hasten.compile(whole, regions="whole")
+    hasten.compile(blocks, regions="blocks")
+    runs = {name: _train(m) for name, m in [("eager", eager), ("whole", whole), ("b", blocks)]}
+    # fp32: equal up to kernel rounding (fused reductions reorder sums), after 4 AdamW steps
+    for name in ("whole", "b"):
+        assert runs[name] == pytest.approx(runs["eager"], rel=1e-5, abs=1e-6)
+    for (n, p), (_, q), (_, w) in zip(
+        eager.named_parameters(), blocks.named_parameters(), whole.named_parameters()
+    ):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=n)
+        torch.testing.assert_close(w, p, rtol=1e-5, atol=1e-6, msg=n)
+    report = compile_report(blocks)
+    # one graph for the five blocks (shared code, no recompile), plus the glue's when compiled
+    assert len(report.recompiles) == 0
+    assert len(report.graphs) == (1 if glue == "eager" else 4)
+    assert any("1 Layer shared by 5" in f for f in report.fixes)
+    assert blocks.state_dict().keys() == eager.state_dict().keys()

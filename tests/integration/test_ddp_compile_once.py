@@ -1,0 +1,66 @@
+"""One compile per node under ``torchrun --nproc_per_node=2`` (gloo): local rank 0 compiles, rank 1
+reuses its cache; a failing or stalled compiling rank never hangs the other."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("hasten.compiler")
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_compile_once.py"
+ROOT = Path(__file__).parents[2]
+
+
+def run_job(out: Path, mode: str, timeout: float, nproc: int = 2, model: str = "tiny") -> list:
+    """Run the script on ``nproc`` CPU ranks with a fresh Inductor cache; a hang fails the test."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+    cmd += ["--standalone", str(SCRIPT), str(out), mode, model]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(out / "inductor-cache")
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # every compile's CPU time is counted per rank
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    try:
+        proc = subprocess.run(
+            cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"torchrun did not finish in {timeout} s (a hang?):\n{err.stderr}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.mark.slow
+def test_rank_1_reuses_rank_0s_compile_and_trains_the_same(tmp_path):
+    r0, r1 = run_job(tmp_path, "normal", timeout=400)
+    assert r0["outcomes"] == ["led"] and r1["outcomes"] == ["followed"]
+    assert r0["graphs"] >= 1 and r1["graphs"] >= 1
+    assert r0["fallback"] is None and r1["fallback"] is None
+    # DDP all-reduces the gradients: both ranks end with the same parameters (fp32 sums)
+    assert r0["param_sum"] == pytest.approx(r1["param_sum"], rel=1e-9)
+    # rank 1 found rank 0's kernels: it spent less CPU on its first step than rank 0 did
+    assert r1["first_cpu_s"] < r0["first_cpu_s"]
+
+
+@pytest.mark.slow
+def test_a_failing_compiling_rank_does_not_hold_up_the_other(tmp_path):
+    r0, r1 = run_job(tmp_path, "leader_fails", timeout=400)
+    assert r0["fallback"] is not None and "injected" in r0["fallback"]  # rank 0 runs eagerly
+    assert r1["outcomes"] == ["leader failed"]
+    assert r1["graphs"] >= 1 and r1["fallback"] is None  # compiled locally, at once
+    assert r1["waited_s"] < 30
+    assert r0["param_sum"] == pytest.approx(r1["param_sum"], rel=1e-9)
+
+
+@pytest.mark.slow
+def test_a_stalled_compiling_rank_is_waited_for_a_bounded_time(tmp_path):
+    r0, r1 = run_job(tmp_path, "leader_stalls", timeout=400)
+    assert r1["outcomes"] == ["timed out"]
+    assert 4.0 <= r1["waited_s"] < 8.0  # rank_wait_s=4, then rank 1 compiled on its own
+    assert r0["graphs"] >= 1 and r1["graphs"] >= 1
+    assert r0["param_sum"] == pytest.approx(r1["param_sum"], rel=1e-9)
