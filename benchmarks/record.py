@@ -170,7 +170,7 @@ CONFIGS: dict[str, list[str]] = {
 def merge(name: str) -> Path:
     """Write ``name``.json from the result files of the configurations it merges (those
     recorded so far; a missing part is left out and named on stderr)."""
-    results = []
+    results, parts = [], []
     for part in MERGES[name]:
         path = RESULTS / f"{part}.json"
         if not path.exists():
@@ -178,9 +178,13 @@ def merge(name: str) -> Path:
             continue
         data = json.loads(path.read_text(encoding="utf-8"))
         results.extend(data["results"])
+        parts.append(f"{part}.json")
     out = RESULTS / f"{name}.json"
     out.write_text(
-        json.dumps({"kind": "hasten.bench.compile", "results": results}, indent=2) + "\n",
+        json.dumps(
+            {"kind": "hasten.bench.compile", "merged_from": parts, "results": results}, indent=2
+        )
+        + "\n",
         encoding="utf-8",
     )
     return out

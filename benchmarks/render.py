@@ -21,7 +21,12 @@ from hasten.bench.report import compile_table, demo_table, machine_line, sift_ta
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 DOC = HERE / "BENCHMARKS.md"
-_CONFIG = {"compile-cpu-small": "compile-cpu", "compile-gpu-base": "compile-gpu"}
+_CONFIG = {
+    "compile-cpu-small": "compile-cpu",
+    "compile-gpu-base": "compile-gpu",
+    "compile-cpu-base": "compile-cpu-base-gpt2` (then `-bert`, `-llama`, one at a time), then "
+    "`python benchmarks/record.py compile-cpu-base",
+}
 BLOCK = re.compile(
     r"(<!-- BEGIN (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- END (?P=name) -->)", re.S
 )
@@ -42,11 +47,16 @@ def render_block(name: str) -> str:
         png = path.with_suffix(".png")
         if png.exists():
             parts.append(f"![speedup over eager fp32]({png.relative_to(HERE)})\n")
+        merged = bool(data.get("merged_from"))  # separate runs: a machine line for each
         for result in data["results"]:
             flops = result["flops_per_step"]
             parts.append(f"**{result['name']}** ({flops:.3g} model FLOPs per step)\n")
             parts.append(compile_table(result, markdown=True) + "\n")
-        machine = data["results"][0]["machine"] if data["results"] else None
+            if merged:
+                parts.append(f"_Machine: {machine_line(result['machine'])}._\n")
+        machine = data["results"][0]["machine"] if data["results"] and not merged else None
+        if machine is None:
+            parts.append(_source(path) + "\n")
     elif kind == "hasten.bench.sift":
         parts.append(sift_table(data, markdown=True) + "\n")
         png = path.with_suffix(".png")
