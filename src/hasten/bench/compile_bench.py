@@ -13,7 +13,8 @@ torch.compile                    ``torch.compile(model)`` (Inductor, default mod
 torch.compile+fused-AdamW        the same, with ``AdamW(fused=True)``
 torch.compile-regional           PyTorch's regional recipe: ``block.compile()`` on every block of
                                  the model's repeated stack (the largest ``nn.ModuleList`` of
-                                 one class); the rest eager; default AdamW
+                                 one class); the rest eager; ``config.use_cache = False`` (else
+                                 each decoder block recompiles); default AdamW
 hasten.compile                   the two lines: ``hasten.compile(model)``, default AdamW
 hasten.compile+compile_step      ``hasten.compile(model)`` and ``hasten.compile_step`` around the
                                  step (the fused AdamW kernel)
@@ -98,6 +99,13 @@ def _compile_regions(model: nn.Module) -> nn.Module:
             f"torch.compile-regional: {type(model).__name__} has no repeated stack of blocks "
             "(an nn.ModuleList of one class) to compile"
         )
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", False):
+        # Transformers' decoder blocks otherwise update a KV cache keyed by their layer index, so
+        # each block fails the previous one's guards: a recompile per block until Dynamo's limit
+        # (8) runs the rest eagerly. A user following the recipe turns the cache off for
+        # training; the whole-model candidates trace the cache update inside their one graph.
+        config.use_cache = False
     for block in blocks:
         block.compile()  # PyTorch's recipe: in place, one compiled code shared by the stack
     return model
