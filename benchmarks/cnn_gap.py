@@ -16,6 +16,7 @@ hasten.compile                         ``hasten.compile(model)`` (its defaults)
 hasten.compile, passes off             every hasten graph pass disabled
 hasten.compile, fallback_random off    Inductor's own RNG (hasten's CPU default switched off)
 hasten.compile, passes+setting off     both: only hasten's runtime wrapper differs
+torch.compile(backend='hasten')        hasten's backend (passes, settings) without its wrapper
 =====================================  ======================================================
 
 Many short rounds (default 20 x 5 steps) so a 5 % difference is outside the noise: the table
@@ -106,6 +107,7 @@ VARIANTS = {
         "passes": "off",
         "inductor_options": {"fallback_random": False},
     },
+    "torch.compile(backend='hasten')": None,
 }
 
 
@@ -118,6 +120,8 @@ def _setup(name: str, build, batch):
         model.train()
         if name == "torch.compile":
             model = torch.compile(model)
+        elif name == "torch.compile(backend='hasten')":
+            model = torch.compile(model, backend="hasten")
         elif name != "eager":
             kw = dict(VARIANTS[name])
             if kw.pop("passes", None) == "off":

@@ -56,11 +56,15 @@ class LossOnly(nn.Module):
 
 
 def _setup(
-    kind: str, precision: str = "fp32", fused_ce: bool = True, profile_kernels: bool = False
+    kind: str,
+    precision: str = "fp32",
+    fused_ce: bool = True,
+    profile_kernels: bool = False,
+    size: str = "base",
 ):
     import hasten
 
-    spec = get_model_spec("gpt2", "base")
+    spec = get_model_spec("gpt2", size)
 
     def setup():
         model = spec.build(0)
@@ -111,8 +115,8 @@ def _profile(step, steps: int = 2) -> list[dict[str, Any]]:
     return [{"op": k, "s_per_step": v, "share": v / total} for k, v in rows[:40]]
 
 
-def _model_flops() -> int:
-    spec = get_model_spec("gpt2", "base")
+def _model_flops(size: str) -> int:
+    spec = get_model_spec("gpt2", size)
     model = spec.build(0)
     batch = spec.make_batch(torch.Generator().manual_seed(0))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -129,39 +133,48 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--no-bf16", action="store_true")
+    parser.add_argument("--size", default="base", help="model size (tiny: a smoke test)")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per round")
     parser.add_argument("--json", type=Path, default=RESULTS / "gpt2-base-limit.json")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     cands = [
-        Candidate("eager", _setup("eager")),
-        Candidate("torch.compile", _setup("torch.compile")),
-        Candidate("hasten.compile+compile_step", _setup("hasten")),
+        Candidate("eager", _setup("eager", size=args.size)),
+        Candidate("torch.compile", _setup("torch.compile", size=args.size)),
+        Candidate("hasten.compile+compile_step", _setup("hasten", size=args.size)),
     ]
     if not args.no_bf16:
         cands.append(
-            Candidate("hasten.compile+compile_step-bf16", _setup("hasten", "bf16"), "bf16")
+            Candidate(
+                "hasten.compile+compile_step-bf16", _setup("hasten", "bf16", size=args.size), "bf16"
+            )
         )
     cands += [
         Candidate(
             "loss-only hasten.compile+compile_step, fused LM-head CE off",
-            _setup("loss-only", fused_ce=False),
+            _setup("loss-only", fused_ce=False, size=args.size),
         ),
         Candidate(
             "loss-only hasten.compile+compile_step, fused LM-head CE on",
-            _setup("loss-only", fused_ce=True),
+            _setup("loss-only", fused_ce=True, size=args.size),
         ),
     ]
-    flops = _model_flops()
-    config = BenchConfig(warmup=3, rounds=args.rounds, steps_per_round=1)
+    flops = _model_flops(args.size)
+    config = BenchConfig(warmup=3, rounds=args.rounds, steps_per_round=args.steps)
     result = run_benchmark(
-        cands, config, name="gpt2-base", flops_per_step=flops, samples_per_step=2, progress=True
+        cands,
+        config,
+        name=f"gpt2-{args.size}",
+        flops_per_step=flops,
+        samples_per_step=get_model_spec("gpt2", args.size).batch_size,
+        progress=True,
     )
     out = result.to_dict(baseline="eager")
     for c in out["candidates"]:
         peak = out["matmul_peak_flops_per_s"].get(c["precision"])
         c["limit_s"] = flops / peak if peak else None
     if args.profile:
-        step = _setup("hasten", profile_kernels=True)()
+        step = _setup("hasten", profile_kernels=True, size=args.size)()
         out["profile_hasten_fp32"] = _profile(step)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")

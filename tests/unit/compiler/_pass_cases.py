@@ -148,7 +148,7 @@ class TinyLMPredictions(TinyLM):
 class LossOnlyLM(nn.Module):
     """Returns only the loss: the logits feed the cross-entropy and nothing else."""
 
-    def __init__(self, vocab: int = 300, bias: bool = True, **ce: Any) -> None:
+    def __init__(self, vocab: int = 4096, bias: bool = True, **ce: Any) -> None:
         super().__init__()
         self.body = nn.Linear(8, 16)
         self.head = nn.Linear(16, vocab, bias=bias)
@@ -162,16 +162,25 @@ class LossOnlyLM(nn.Module):
 
 
 def _lm_rows(g: torch.Generator) -> tuple[Any, ...]:
-    labels = torch.randint(0, 300, (3, 100), generator=g)
+    labels = torch.randint(0, 4096, (3, 100), generator=g)  # 300 x 4096 logits: over MIN_LOGITS
     labels[:, -1] = -100  # ignored positions, as in a shifted causal-LM batch
     return torch.randn(3, 100, 8, generator=g, requires_grad=True), labels
+
+
+def _lm_batch_small3(g: torch.Generator) -> tuple[Any, ...]:
+    return torch.randn(3, 100, 8, generator=g), torch.randint(0, 64, (3, 100), generator=g)
+
+
+def _lm_tokens(g: torch.Generator) -> tuple[Any, ...]:
+    ids = torch.randint(0, 8192, (2, 64), generator=g)  # 128 x 8192 logits: MIN_LOGITS
+    return ids, torch.ones_like(ids)
 
 
 def _hf_causal_loss_only() -> nn.Module:
     import transformers
 
     cfg = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, n_positions=16, vocab_size=64, attn_pdrop=0.0,
+        n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=8192, attn_pdrop=0.0,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_implementation="eager",
     )  # fmt: skip
     model = transformers.GPT2LMHeadModel(cfg)
@@ -346,10 +355,11 @@ PASS_CASES: dict[str, list[PassCase]] = {
         # rounding of them exceeds this harness's fp32 tolerance)
         PassCase("loss_only_no_bias", lambda: LossOnlyLM(bias=False), _lm_rows, 1),
         PassCase("logits_returned_left_alone", TinyLM, _lm_batch, 0),
+        PassCase("small_logits_left_alone", lambda: LossOnlyLM(vocab=64), _lm_batch_small3, 0),
         PassCase(
             "label_smoothing_left_alone", lambda: LossOnlyLM(label_smoothing=0.1), _lm_rows, 0
         ),
-        PassCase("hf_gpt2_loss_only", _hf_causal_loss_only, _tokens, 1, slow=True),
+        PassCase("hf_gpt2_loss_only", _hf_causal_loss_only, _lm_tokens, 1, slow=True),
     ],
     "split_at_returned_logits": [
         PassCase("loss_and_logits", TinyLM, _lm_batch, 1),

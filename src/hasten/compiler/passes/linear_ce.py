@@ -18,7 +18,8 @@ from them and the graph does not return them. A Transformers causal LM returns i
 to the loss (``CausalLMOutput.logits``), so compiled whole its graph keeps them and the pass
 leaves it alone (``split_at_returned_logits`` handles that case); a model or wrapper whose
 forward returns the loss only gets the fused head. Graphs under autocast, with label smoothing,
-class weights or symbolic shapes are left alone too.
+class weights or symbolic shapes are left alone too, and so are logits under :data:`MIN_LOGITS`
+elements (a classifier's head: cheap to materialise, and Inductor fuses its loss anyway).
 
 Numerics: the same sums in another order (fp32: agrees with eager to ~1e-6 relative).
 """
@@ -35,9 +36,12 @@ import torch.nn.functional as F
 from hasten.compiler.passes._fx import arg, example_value, is_call
 from hasten.compiler.passes.registry import record, register_pass
 
-__all__ = ["CHUNK_BYTES", "fused_linear_cross_entropy", "linear_cross_entropy"]
+__all__ = ["CHUNK_BYTES", "MIN_LOGITS", "fused_linear_cross_entropy", "linear_cross_entropy"]
 
 CHUNK_BYTES = 32 << 20  # fp32 logits of one chunk: 167 rows at GPT-2's 50257-token vocabulary
+# Smaller logits (a classifier's head) are cheap to materialise, and Inductor fuses their
+# cross-entropy with its neighbours: the opaque chunked op would only get in its way.
+MIN_LOGITS = 1 << 20
 
 
 def _chunk_rows(vocab: int) -> int:
@@ -222,6 +226,8 @@ def _match(ce: torch.fx.Node) -> tuple[torch.fx.Node, Any, Any, Any] | None:
     if wv.dim() != 2 or hv.shape[-1] != wv.shape[1] or xv.shape[-1] != wv.shape[0]:
         return None
     if hv.dtype != wv.dtype or xv.shape[0] * wv.shape[0] != example_value(linear).numel():
+        return None
+    if xv.numel() < MIN_LOGITS:
         return None
     return linear, h, weight, bias
 
