@@ -111,9 +111,13 @@ VARIANTS = {
 }
 
 
+PASSES_CHANGED: dict[str, dict[str, int]] = {}  # candidate -> pass -> changes reported
+
+
 def _setup(name: str, build, batch):
     def setup():
         import hasten
+        from hasten.compiler import compile_report
         from hasten.compiler.passes import pass_names
 
         model = build()
@@ -135,6 +139,17 @@ def _setup(name: str, build, batch):
             F.cross_entropy(model(x), y).backward()
             opt.step()
 
+        if name.startswith("hasten.compile"):
+
+            def step_and_note() -> None:
+                step()
+                if name not in PASSES_CHANGED:
+                    stats = compile_report(model).pass_stats
+                    PASSES_CHANGED[name] = {
+                        s.name: sum(s.changes.values()) for s in stats if s.changed
+                    }
+
+            return step_and_note
         return step
 
     return setup
@@ -155,6 +170,8 @@ def main() -> int:
         )
         res = run_benchmark(cands, config, name=model_name, progress=True)
         d = res.to_dict(baseline="torch.compile")
+        d["passes_changed"] = dict(PASSES_CHANGED)
+        PASSES_CHANGED.clear()
         base = res.get("torch.compile")
         for c, cr in zip(d["candidates"], res.candidates):
             if cr.ok and base.ok:
@@ -174,6 +191,7 @@ def main() -> int:
                 f"{v['median']:.3f}x [{v['p20']:.3f}, {v['p80']:.3f}]  "
                 f"first step {c['first_step_s']:.1f} s"
             )
+        print(f"  passes that changed a graph: {d['passes_changed']}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"kind": "cnn-gap", "results": out}, indent=2) + "\n")
     print(f"wrote {args.json}")

@@ -73,6 +73,10 @@ CANDIDATES = (
     "hasten.compile+compile_step",
 )
 DEFAULT_CANDIDATES = ("eager", "torch.compile", "hasten.compile", "hasten.compile+compile_step")
+_OPTIMIZERS = {  # recorded with each result; the others use AdamW's defaults
+    "torch.compile+fused-AdamW": "AdamW(lr=1e-4, fused=True)",
+    "hasten.compile+compile_step": "AdamW(lr=1e-4), fused by compile_step",
+}
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
@@ -176,16 +180,7 @@ def candidates_for(
             name = k if p == "fp32" else f"{k}-{p}"
             if name == "eager":
                 continue
-            opt = (
-                "AdamW(lr=1e-4, fused=True)"
-                if k == "torch.compile+fused-AdamW"
-                else (
-                    "AdamW(lr=1e-4), fused by compile_step"
-                    if k == "hasten.compile+compile_step"
-                    else "AdamW(lr=1e-4)"
-                )
-            )
-            info = {"kind": k, "optimizer": opt}
+            info = {"kind": k, "optimizer": _OPTIMIZERS.get(k, "AdamW(lr=1e-4)")}
             out.append(Candidate(name, _make_setup(spec, k, p, device, seed), p, info))
     return out
 
