@@ -11,12 +11,49 @@ run `python benchmarks/render.py` to refresh BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+BASE_MODELS = ("gpt2", "bert", "llama")
+BASE_CANDIDATES = (
+    "eager,torch.compile,torch.compile+fused-AdamW,torch.compile-regional,"
+    "hasten.compile,hasten.compile+compile_step"
+)
+
+
+def _base_cpu(model: str) -> list[str]:
+    # Few steady steps, as a 124M-parameter step takes ~4 s here: 3 warm-up steps (the first
+    # included), then 5 interleaved rounds of 1 timed step per candidate.
+    return [
+        "bench",
+        "compile",
+        "--models",
+        model,
+        "--size",
+        "base",
+        "--candidates",
+        BASE_CANDIDATES,
+        "--first-calls",
+        "--warmup",
+        "3",
+        "--rounds",
+        "5",
+        "--steps",
+        "1",
+        "--json",
+        str(RESULTS / f"compile-cpu-base-{model}.json"),
+    ]
+
+
+# Configurations whose result is the union of other configurations' result files.
+MERGES: dict[str, list[str]] = {
+    "compile-cpu-base": [f"compile-cpu-base-{m}" for m in BASE_MODELS],
+}
 
 CONFIGS: dict[str, list[str]] = {
     # CPU: the small models, fp32 and bf16, eager / torch.compile / hasten side by side.
@@ -59,6 +96,10 @@ CONFIGS: dict[str, list[str]] = {
         "--plot",
         str(RESULTS / "compile-gpu-base.png"),
     ],
+    # CPU, base sizes (GPT-2 124M, BERT-base, Llama-style 12x768 with GQA; batch 2x256), every
+    # candidate, cold and warm first calls in processes of their own. One configuration per model
+    # (each ~10-14 min on 2 cores); `compile-cpu-base` merges them into one file.
+    **{f"compile-cpu-base-{m}": _base_cpu(m) for m in BASE_MODELS},
     # Data efficiency: full vs SageMaker's rule vs compute-matched, 10 paired seeds, each task
     # trained to the knee of its learning curve (the same budgets as sift-policies).
     "sift": [
@@ -113,7 +154,7 @@ CONFIGS: dict[str, list[str]] = {
         "--precision",
         "fp32",
         "--candidates",
-        "eager,torch.compile,hasten",
+        "eager,torch.compile,hasten.compile+compile_step",
         "--rounds",
         "3",
         "--steps",
@@ -126,6 +167,29 @@ CONFIGS: dict[str, list[str]] = {
 }
 
 
+def merge(name: str) -> Path:
+    """Write ``name``.json from the result files of the configurations it merges (those
+    recorded so far; a missing part is left out and named on stderr)."""
+    results, parts = [], []
+    for part in MERGES[name]:
+        path = RESULTS / f"{part}.json"
+        if not path.exists():
+            print(f"{name}: {part} not recorded yet: left out", file=sys.stderr)
+            continue
+        data = json.loads(path.read_text(encoding="utf-8"))
+        results.extend(data["results"])
+        parts.append(f"{part}.json")
+    out = RESULTS / f"{name}.json"
+    out.write_text(
+        json.dumps(
+            {"kind": "hasten.bench.compile", "merged_from": parts, "results": results}, indent=2
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -136,12 +200,19 @@ def main() -> int:
     if args.list or not args.names:
         for name, argv in CONFIGS.items():
             print(f"{name:12} hasten {shlex.join(argv)}")
+        for name, parts in MERGES.items():
+            print(f"{name:12} merges {', '.join(parts)} (run them first, one by one)")
         return 0
-    unknown = [n for n in args.names if n not in CONFIGS]
+    unknown = [n for n in args.names if n not in CONFIGS and n not in MERGES]
     if unknown:
-        parser.error(f"unknown configuration(s) {unknown}; choose from {', '.join(CONFIGS)}")
+        parser.error(
+            f"unknown configuration(s) {unknown}; choose from {', '.join([*CONFIGS, *MERGES])}"
+        )
     RESULTS.mkdir(parents=True, exist_ok=True)
     for name in args.names:
+        if name in MERGES:
+            print(f"== {name}: wrote {merge(name)}", flush=True)
+            continue
         cmd = [sys.executable, "-m", "hasten.cli", *CONFIGS[name]]
         print(f"== {name}: hasten {shlex.join(CONFIGS[name])}", flush=True)
         code = subprocess.call(cmd)

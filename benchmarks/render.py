@@ -16,12 +16,17 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from hasten.bench.report import compile_table, demo_table, machine_line, sift_table
+from hasten.bench.report import compile_table, demo_table, format_table, machine_line, sift_table
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 DOC = HERE / "BENCHMARKS.md"
-_CONFIG = {"compile-cpu-small": "compile-cpu", "compile-gpu-base": "compile-gpu"}
+_CONFIG = {
+    "compile-cpu-small": "compile-cpu",
+    "compile-gpu-base": "compile-gpu",
+    "compile-cpu-base": "compile-cpu-base-gpt2` (then `-bert`, `-llama`, one at a time), then "
+    "`python benchmarks/record.py compile-cpu-base",
+}
 BLOCK = re.compile(
     r"(<!-- BEGIN (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- END (?P=name) -->)", re.S
 )
@@ -42,11 +47,22 @@ def render_block(name: str) -> str:
         png = path.with_suffix(".png")
         if png.exists():
             parts.append(f"![speedup over eager fp32]({png.relative_to(HERE)})\n")
+        merged = bool(data.get("merged_from"))  # separate runs: a machine line for each
         for result in data["results"]:
             flops = result["flops_per_step"]
             parts.append(f"**{result['name']}** ({flops:.3g} model FLOPs per step)\n")
             parts.append(compile_table(result, markdown=True) + "\n")
+            if merged:
+                parts.append(f"_Machine: {machine_line(result['machine'])}._\n")
+        machine = data["results"][0]["machine"] if data["results"] and not merged else None
+        if machine is None:
+            parts.append(_source(path) + "\n")
+    elif kind == "cnn-gap":
+        parts.append(_cnn_gap(data) + "\n")
         machine = data["results"][0]["machine"] if data["results"] else None
+    elif name == "gpt2-base-limit":
+        parts.append(_limit(data) + "\n")
+        machine = data["machine"]
     elif kind == "hasten.bench.sift":
         parts.append(sift_table(data, markdown=True) + "\n")
         png = path.with_suffix(".png")
@@ -62,6 +78,79 @@ def render_block(name: str) -> str:
     if machine:
         parts.append(f"_Machine: {machine_line(machine)}._ {_source(path)}\n")
     return "\n".join(parts)
+
+
+def _cnn_gap(data: dict) -> str:
+    rows = []
+    for result in data["results"]:
+        for c in result["candidates"]:
+            v, step = c.get("vs_torch_compile"), c["step_s"]
+            if c["error"] or not v:
+                rows.append([result["name"], c["name"], "—", "—", (c["error"] or "")[:70]])
+                continue
+            rows.append(
+                [
+                    result["name"],
+                    c["name"],
+                    f"{1e3 * step['median']:.1f} [{1e3 * step['p20']:.1f}, {1e3 * step['p80']:.1f}]",
+                    f"{v['median']:.3f}× [{v['p20']:.3f}, {v['p80']:.3f}]",
+                    f"{c['first_step_s']:.1f}",
+                ]
+            )
+    headers = [
+        "model",
+        "candidate",
+        "step ms median [p20, p80]",
+        "speed vs torch.compile, per-round ratio median [p20, p80]",
+        "first step s",
+    ]
+    return format_table(headers, rows, markdown=True)
+
+
+def _limit(data: dict) -> str:
+    peaks = data["matmul_peak_flops_per_s"]
+    lines = [
+        f"Model FLOPs per step {data['flops_per_step'] / 1e9:.1f} G; matmul peak in this run: "
+        + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peaks.items())
+        + "; the limit is FLOPs / peak.\n"
+    ]
+    rows = []
+    for c in data["candidates"]:
+        if c["error"]:
+            rows.append([c["name"], "—", "—", "—", "—", c["error"][:70]])
+            continue
+        step = c["step_s"]
+        rows.append(
+            [
+                c["name"],
+                f"{step['median']:.3f} [{step['p20']:.3f}, {step['p80']:.3f}]",
+                f"{c['limit_s']:.3f} ({c['precision']})",
+                f"{100 * c['fraction_of_matmul_peak']:.1f}%",
+                f"{c['peak_mem_bytes'] / 2**20:.0f}" if c["peak_mem_bytes"] else "—",
+                "",
+            ]
+        )
+    headers = [
+        "candidate",
+        "step s median [p20, p80]",
+        "limit s",
+        "of limit",
+        "peak step MiB",
+        "note",
+    ]
+    lines.append(format_table(headers, rows, markdown=True))
+    prof = data.get("profile_hasten_fp32")
+    if prof:
+        lines.append(
+            "\nWhere a `hasten.compile+compile_step` fp32 step goes (torch.profiler, self CPU "
+            "time per step, Inductor kernels named; top 15):\n"
+        )
+        prows = [
+            [r["op"][:80], f"{1e3 * r['s_per_step']:.1f}", f"{100 * r['share']:.1f}%"]
+            for r in prof[:15]
+        ]
+        lines.append(format_table(["op", "ms per step", "share"], prows, markdown=True))
+    return "\n".join(lines)
 
 
 def update_blocks(doc: Path, render: Callable[[str], str], *, check: bool, command: str) -> int:

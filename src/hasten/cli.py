@@ -111,7 +111,7 @@ def _add_output(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
     from hasten import __version__
-    from hasten.bench.compile_bench import CANDIDATES, PRECISIONS
+    from hasten.bench.compile_bench import CANDIDATES, DEFAULT_CANDIDATES, PRECISIONS
     from hasten.bench.demo import VARIANTS
     from hasten.bench.models import MODEL_NAMES, SIZES
 
@@ -214,8 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "--candidates",
         type=_csv(_choices(CANDIDATES)),
-        default=list(CANDIDATES),
-        help=f"comma-separated, from {','.join(CANDIDATES)}",
+        default=list(DEFAULT_CANDIDATES),
+        help=f"comma-separated, from {','.join(CANDIDATES)}; each name says what runs",
     )
     comp.add_argument("--size", choices=SIZES, default="small", help="model size")
     comp.add_argument("--rounds", type=_positive_int, default=5, help="interleaved rounds")
@@ -225,6 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
     comp.add_argument(
         "--matmul-n", type=int, default=None, help="matrix size for the matmul peak (0: skip)"
+    )
+    comp.add_argument(
+        "--first-calls",
+        action="store_true",
+        help="also time each candidate's first step cold (own process, empty Inductor cache) "
+        "and warm (own process, that cache); adds time to step 100 and break-even step",
     )
     comp.add_argument("--plot", metavar="PATH", type=Path, help="also write a PNG of speedups")
     _add_output(comp)
@@ -431,6 +437,7 @@ def _cmd_bench_compile(args: argparse.Namespace) -> int:
         config,
         progress=not args.no_progress,
         on_result=show,
+        first_calls=args.first_calls,
     )
     if results:
         print(f"\nmachine: {machine_line(results[0]['machine'])}")

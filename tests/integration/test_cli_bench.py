@@ -40,9 +40,9 @@ def test_bench_compile_tiny_mlp_all_candidates(tmp_path, capsys):
     # in-process cache, as after other tests: only above zero is certain)
     assert cands["torch.compile"]["compile_s"] > 0.0
     if _hasten_api.compiler_unavailable() is None:
-        assert cands["hasten"]["error"] is None, cands["hasten"]["error"]
+        assert cands["hasten.compile"]["error"] is None, cands["hasten.compile"]["error"]
     else:
-        assert "hasten.compiler" in cands["hasten"]["error"]
+        assert "hasten.compiler" in cands["hasten.compile"]["error"]
     assert result["flops_per_step"] > 0 and result["machine"]["cpu"]["model"]
 
 

@@ -201,7 +201,7 @@ def test_sift_and_compile_plots(tmp_path):
                 "candidates": [
                     {"name": "eager", "speedup_vs_eager": {"median": 1.0, "p20": 1.0, "p80": 1.0}},
                     {"name": "torch.compile", "speedup_vs_eager": speed},
-                    {"name": "hasten", "speedup_vs_eager": None},
+                    {"name": "hasten.compile", "speedup_vs_eager": None},
                 ],
             }
         ]

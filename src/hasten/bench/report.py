@@ -9,7 +9,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["compile_table", "demo_table", "format_table", "machine_line", "sift_table"]
+from hasten.bench.stats import break_even_step
+
+__all__ = [
+    "compile_table",
+    "demo_table",
+    "first_call_table",
+    "format_table",
+    "machine_line",
+    "sift_table",
+]
 
 
 def format_table(
@@ -47,20 +56,36 @@ def machine_line(machine: dict[str, Any]) -> str:
     )
 
 
+# Names an older recorded result used; shown as what ran (hasten.compile + compile_step).
+_LEGACY_NAMES = {
+    "hasten": "hasten.compile+compile_step",
+    "hasten-bf16": "hasten.compile+compile_step-bf16",
+}
+
+
+def _label(c: dict[str, Any]) -> str:
+    return _LEGACY_NAMES.get(c["name"], c["name"])
+
+
 def compile_table(result: dict[str, Any], markdown: bool = False) -> str:
-    """Step time, speedup over eager fp32, compile time, memory and share of matmul peak."""
+    """Step time, speedup over eager fp32, compile time, memory and share of matmul peak.
+
+    A result whose candidates carry first-call timings (``bench compile --first-calls``) gets
+    :func:`first_call_table` instead."""
+    if any(c.get("info", {}).get("first_call") for c in result["candidates"]):
+        return first_call_table(result, markdown)
     rows = []
     base = result.get("baseline") or "eager"
     for c in result["candidates"]:
         if c["error"]:
-            rows.append([c["name"], "—", "—", "—", "—", "—", "—", c["error"].split("\n")[0][:70]])
+            rows.append([_label(c), "—", "—", "—", "—", "—", "—", c["error"].split("\n")[0][:70]])
             continue
         step = c["step_s"]
         speed = c.get(f"speedup_vs_{base}")
         mem = c["peak_mem_bytes"]
         rows.append(
             [
-                c["name"],
+                _label(c),
                 f"{1e3 * step['median']:.2f} [{1e3 * step['p20']:.2f}, {1e3 * step['p80']:.2f}]",
                 _f(speed and speed["median"], ".2f", "×"),
                 _f(c["compile_s"], ".1f"),
@@ -76,6 +101,77 @@ def compile_table(result: dict[str, Any], markdown: bool = False) -> str:
         f"speedup vs {base}",
         "1st-step extra s (compile)",
         "samples/s",
+        "peak step MiB",
+        "of matmul peak",
+        "note",
+    ]
+    return format_table(headers, rows, markdown)
+
+
+def _first_call_s(c: dict[str, Any], which: str) -> float | None:
+    fc = c.get("info", {}).get("first_call", {}).get(which) or {}
+    return None if fc.get("error") else fc.get("first_call_s")
+
+
+def first_call_table(result: dict[str, Any], markdown: bool = False, to_step: int = 100) -> str:
+    """Cold and warm first call, steady step, time to step ``to_step`` and break-even step.
+
+    Cold: the first training step in a new process with an empty Inductor cache; warm: the same
+    in a second new process reusing that cache. Time to step N = cold first call + (N - 1)
+    steady steps (median); break-even: the first step at which that is no more than eager's.
+    """
+    base = result.get("baseline") or "eager"
+    by_name = {c["name"]: c for c in result["candidates"]}
+    b = by_name.get(base)
+    b_cold = _first_call_s(b, "cold") if b else None
+    b_step = b["step_s"]["median"] if b and b.get("step_s") else None
+    rows = []
+    for c in result["candidates"]:
+        cold, warm = _first_call_s(c, "cold"), _first_call_s(c, "warm")
+        errors = [
+            (c.get("info", {}).get("first_call", {}).get(w) or {}).get("error")
+            for w in ("cold", "warm")
+        ]
+        note = c["error"] or next((e for e in errors if e), None) or ""
+        note = note.split("\n")[0][:70]
+        step = c.get("step_s")
+        speed = c.get(f"speedup_vs_{base}")
+        if step is None:
+            rows.append(
+                [_label(c), _f(cold, ".1f"), _f(warm, ".1f"), "—", "—", "—", "—", "—", "—", note]
+            )
+            continue
+        med = step["median"]
+        to_n = None if cold is None else cold + (to_step - 1) * med
+        if c["name"] == base or cold is None or b_cold is None or b_step is None:
+            even = "—"
+        else:
+            n = break_even_step(cold, med, b_cold, b_step)
+            even = "never" if n is None else str(n)
+        mem = c["peak_mem_bytes"]
+        frac = c["fraction_of_matmul_peak"]
+        rows.append(
+            [
+                _label(c),
+                _f(cold, ".1f"),
+                _f(warm, ".1f"),
+                f"{med:.3g} [{step['p20']:.3g}, {step['p80']:.3g}]",
+                _f(speed and speed["median"], ".2f", "×"),
+                _f(to_n, ".0f"),
+                even,
+                _f(mem and mem / 2**20, ".0f"),
+                _f(frac and 100 * frac, ".1f", "%"),
+                note,
+            ]
+        )
+    headers = [
+        "candidate",
+        "cold first call s (own process, empty cache)",
+        "warm first call s (own process, warm cache)",
+        "steady step s median [p20, p80]",
+        f"steady speedup vs {base}",
+        f"time to step {to_step} s (cold first call + {to_step - 1} steady)",
+        f"break-even step vs {base} (cold)",
         "peak step MiB",
         "of matmul peak",
         "note",

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-__all__ = ["MeanStd", "Summary", "mean_std", "percentile", "summarize"]
+__all__ = ["MeanStd", "Summary", "break_even_step", "mean_std", "percentile", "summarize"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -113,3 +113,16 @@ def mean_std(values: Sequence[float]) -> MeanStd:
         return MeanStd(1, mean, 0.0, 0.0)
     std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     return MeanStd(n, mean, std, std / math.sqrt(n))
+
+
+def break_even_step(
+    first_s: float, step_s: float, base_first_s: float, base_step_s: float
+) -> int | None:
+    """The first step ``n`` at which a candidate's time to step ``n`` (first call + ``n - 1``
+    steady steps) is no more than the baseline's; ``None`` if it never gets there."""
+    if first_s <= base_first_s and step_s <= base_step_s:
+        return 1
+    if step_s >= base_step_s:
+        return None
+    # first + (n-1) * step <= base_first + (n-1) * base_step
+    return 1 + max(0, math.ceil((first_s - base_first_s) / (base_step_s - step_s) - 1e-12))

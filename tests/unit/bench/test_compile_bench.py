@@ -1,6 +1,11 @@
 import pytest
 
-from hasten.bench.compile_bench import candidates_for, run_compile_bench
+from hasten.bench.compile_bench import (
+    CANDIDATES,
+    candidates_for,
+    repeated_blocks,
+    run_compile_bench,
+)
 from hasten.bench.harness import BenchConfig
 from hasten.bench.models import get_model_spec
 
@@ -13,10 +18,12 @@ def test_candidates_cover_precisions_with_eager_fp32_first():
     assert names == [
         "eager",
         "torch.compile",
-        "hasten",
+        "hasten.compile",
+        "hasten.compile+compile_step",
         "eager-bf16",
         "torch.compile-bf16",
-        "hasten-bf16",
+        "hasten.compile-bf16",
+        "hasten.compile+compile_step-bf16",
     ]
     precisions = [c.precision for c in candidates_for(spec, ("bf16",), ("eager",))]
     assert precisions == ["fp32", "bf16"]
@@ -49,9 +56,9 @@ def test_hasten_candidate_reports_why_it_cannot_run():
 
     if _hasten_api.compiler_unavailable() is None:
         pytest.skip("hasten.compiler is available; the slow integration test covers it")
-    (res,) = run_compile_bench(["mlp"], "tiny", ("fp32",), ("eager", "hasten"), QUICK)
+    (res,) = run_compile_bench(["mlp"], "tiny", ("fp32",), ("eager", "hasten.compile"), QUICK)
     assert res.get("eager").ok
-    assert "hasten.compiler" in res.get("hasten").error
+    assert "hasten.compiler" in res.get("hasten.compile").error
 
 
 @pytest.mark.slow
@@ -63,3 +70,51 @@ def test_torch_compile_candidate_really_compiles():
     assert res.get("torch.compile").ok
     assert counters["stats"]["unique_graphs"] > before  # Dynamo captured a graph: it compiled
     assert res.get("torch.compile").compile_s > 0  # and the first step paid for it
+
+
+def test_every_candidate_says_what_it_runs():
+    spec = get_model_spec("gpt2", "tiny")
+    cands = {c.name: c for c in candidates_for(spec, kinds=CANDIDATES)}
+    assert list(cands) == list(CANDIDATES)
+    assert cands["torch.compile+fused-AdamW"].info["optimizer"] == "AdamW(lr=1e-4, fused=True)"
+    assert cands["torch.compile"].info["optimizer"] == "AdamW(lr=1e-4)"
+    assert cands["hasten.compile"].info["optimizer"] == "AdamW(lr=1e-4)"
+    assert "compile_step" in cands["hasten.compile+compile_step"].info["optimizer"]
+
+
+def test_fused_adamw_candidate_uses_the_fused_kernel(monkeypatch):
+    import torch
+
+    made = []
+    real = torch.optim.AdamW
+
+    def spy(*args, **kwargs):
+        made.append(kwargs.get("fused"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", spy)
+    monkeypatch.setattr(torch, "compile", lambda m, **_: m)  # what runs is not the point here
+    spec = get_model_spec("mlp", "tiny")
+    (cand,) = [
+        c for c in candidates_for(spec, kinds=("torch.compile+fused-AdamW",)) if c.name != "eager"
+    ]
+    cand.setup()()
+    assert made == [True]
+
+
+def test_regional_candidate_finds_the_repeated_blocks():
+    for name, n in (("gpt2", 2), ("bert", 2), ("llama", 2), ("cnn", 2)):
+        blocks = repeated_blocks(get_model_spec(name, "tiny").build())
+        assert len(blocks) == n and len({type(b) for b in blocks}) == 1, name
+    import torch
+
+    assert repeated_blocks(torch.nn.Linear(2, 2)) == []
+
+
+@pytest.mark.slow
+def test_first_calls_run_in_processes_of_their_own():
+    (res,) = run_compile_bench(["mlp"], "tiny", ("fp32",), ("eager",), QUICK, first_calls=True)
+    fc = res.get("eager").info["first_call"]
+    for which in ("cold", "warm"):
+        assert fc[which]["error"] is None, fc[which]
+        assert fc[which]["first_call_s"] > 0 and fc[which]["import_s"] > 0

@@ -56,3 +56,40 @@ def test_demo_table_marks_skipped_and_unreached():
     assert "not reached" in text and "skipped: hasten.sifting is not available" in text
     assert "1,000" in text
     assert "one seed" in text  # a single run per variant says so
+
+
+def _cand(name, cold, warm, step, speed=None, **extra):
+    return {
+        "name": name,
+        "error": None,
+        "info": {"first_call": {"cold": {"first_call_s": cold}, "warm": {"first_call_s": warm}}},
+        "step_s": {"median": step, "p20": step, "p80": step},
+        "speedup_vs_eager": speed and {"median": speed},
+        "peak_mem_bytes": 2**20,
+        "fraction_of_matmul_peak": 0.5,
+        **extra,
+    }
+
+
+def test_first_call_table_has_time_to_step_100_and_break_even():
+    result = {
+        "baseline": "eager",
+        "candidates": [
+            _cand("eager", 3.0, 3.0, 4.0, 1.0),
+            _cand("torch.compile", 53.0, 11.0, 3.0, 1.33),
+            _cand("slower", 50.0, 10.0, 5.0, 0.8),
+        ],
+    }
+    text = compile_table(result)  # picks the first-call table
+    assert "cold first call s (own process, empty cache)" in text
+    lines = {line.split()[0]: line for line in text.splitlines()[2:]}
+    # 53 + 99 * 3 = 350; break-even: 53 + (n-1) 3 <= 3 + (n-1) 4  <=>  n - 1 >= 50
+    assert " 350 " in lines["torch.compile"] and " 51 " in lines["torch.compile"]
+    assert "never" in lines["slower"]
+
+
+def test_legacy_hasten_name_is_shown_as_what_ran():
+    step = {"median": 0.01, "p20": 0.01, "p80": 0.01}
+    c = {"name": "hasten", "error": None, "step_s": step, "compile_s": 1.0, "samples_per_s": 1.0,
+         "peak_mem_bytes": None, "fraction_of_matmul_peak": None, "speedup_vs_eager": None}  # fmt: skip
+    assert "hasten.compile+compile_step" in compile_table({"candidates": [c]})

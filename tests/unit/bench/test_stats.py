@@ -35,3 +35,12 @@ def test_empty_input_raises(fn):
 def test_percentile_out_of_range():
     with pytest.raises(ValueError, match="outside"):
         percentile([1.0], 101)
+
+
+def test_break_even_step():
+    from hasten.bench.stats import break_even_step
+
+    assert break_even_step(53.0, 3.0, 3.0, 4.0) == 51  # 53 + 50*3 = 203 = 3 + 50*4
+    assert break_even_step(2.0, 3.0, 3.0, 4.0) == 1
+    assert break_even_step(50.0, 4.0, 3.0, 4.0) is None  # never catches up
+    assert break_even_step(50.0, 5.0, 3.0, 4.0) is None

@@ -145,6 +145,58 @@ class TinyLMPredictions(TinyLM):
         return logits, (logits.argmax(-1) == labels).float().mean()
 
 
+class LossOnlyLM(nn.Module):
+    """Returns only the loss: the logits feed the cross-entropy and nothing else."""
+
+    def __init__(self, vocab: int = 4096, bias: bool = True, **ce: Any) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.head = nn.Linear(16, vocab, bias=bias)
+        self.ce = ce
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.head(torch.tanh(self.body(x)))  # (batch, seq, vocab)
+        return F.cross_entropy(
+            logits.float().view(-1, logits.shape[-1]), labels.view(-1), **self.ce
+        )
+
+
+def _lm_rows(g: torch.Generator) -> tuple[Any, ...]:
+    labels = torch.randint(0, 4096, (3, 100), generator=g)  # 300 x 4096 logits: over MIN_LOGITS
+    labels[:, -1] = -100  # ignored positions, as in a shifted causal-LM batch
+    return torch.randn(3, 100, 8, generator=g, requires_grad=True), labels
+
+
+def _lm_batch_small3(g: torch.Generator) -> tuple[Any, ...]:
+    return torch.randn(3, 100, 8, generator=g), torch.randint(0, 64, (3, 100), generator=g)
+
+
+def _lm_tokens(g: torch.Generator) -> tuple[Any, ...]:
+    ids = torch.randint(0, 8192, (2, 64), generator=g)  # 128 x 8192 logits: MIN_LOGITS
+    return ids, torch.ones_like(ids)
+
+
+def _hf_causal_loss_only() -> nn.Module:
+    import transformers
+
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=8192, attn_pdrop=0.0,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_implementation="eager",
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(cfg)
+    model.loss_type = "ForCausalLM"  # as hasten.compile's trap fix sets it: no graph break
+    return _LossOnly(model)
+
+
+class _LossOnly(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=attention_mask, labels=ids).loss
+
+
 def _lm_batch(g: torch.Generator) -> tuple[Any, ...]:
     return torch.randn(256, 8, generator=g), torch.randint(0, 4096, (256,), generator=g)
 
@@ -296,6 +348,19 @@ PASS_CASES: dict[str, list[PassCase]] = {
         PassCase("no_attention_dropout", lambda: MaskedAttentionDropout(0.0), _attention_inputs, 0),
     ],
     "unfuse_bias_add": [PassCase("bias_into_tanh", TanhMLP, _x(4, 8), 1)],
+    "fused_linear_cross_entropy": [
+        # (several chunks: tests/unit/compiler/test_linear_ce.py)
+        PassCase("loss_only_mean_ignored_rows", LossOnlyLM, _lm_rows, 1),
+        # (a sum's gradients are checked against float64 in test_linear_ce.py: eager's own fp32
+        # rounding of them exceeds this harness's fp32 tolerance)
+        PassCase("loss_only_no_bias", lambda: LossOnlyLM(bias=False), _lm_rows, 1),
+        PassCase("logits_returned_left_alone", TinyLM, _lm_batch, 0),
+        PassCase("small_logits_left_alone", lambda: LossOnlyLM(vocab=64), _lm_batch_small3, 0),
+        PassCase(
+            "label_smoothing_left_alone", lambda: LossOnlyLM(label_smoothing=0.1), _lm_rows, 0
+        ),
+        PassCase("hf_gpt2_loss_only", _hf_causal_loss_only, _lm_tokens, 1, slow=True),
+    ],
     "split_at_returned_logits": [
         PassCase("loss_and_logits", TinyLM, _lm_batch, 1),
         PassCase("logits_only_predicted", TinyLMPredictions, _lm_batch, 0),

@@ -201,6 +201,7 @@ _BUILTIN_ORDER = (
     "attention_to_sdpa",
     "cheap_dropout_rng",
     "simplify",
+    "fused_linear_cross_entropy",
     "split_at_returned_logits",
     "unfuse_bias_add",
 )
@@ -212,4 +213,11 @@ def _load_builtin_passes() -> None:
     global _LOADED
     if not _LOADED:
         _LOADED = True
-        from hasten.compiler.passes import attention, bias, dropout, simplify, split  # noqa: F401
+        from hasten.compiler.passes import (  # noqa: F401
+            attention,
+            bias,
+            dropout,
+            linear_ce,
+            simplify,
+            split,
+        )
