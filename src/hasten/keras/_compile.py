@@ -1,0 +1,443 @@
+"""``hasten.keras.compile``: measure the backend's switches on a few real steps, keep the fastest
+one that computes what Keras computes.
+
+The pipeline, once, before ``fit``::
+
+    model = build()  [under the mixed policy for precision="bf16": Keras decides a layer's dtypes
+                      when it is built, so the model is built or cloned under the policy]
+    snapshot weights and optimizer state
+    for each candidate of the backend (TensorFlow: XLA or not; PyTorch: Keras eager or hasten's
+                                       compiler; JAX: XLA):
+        configure the model, time the first step (compile) and a few steady steps
+        check its numerics against the reference (Keras's default, uncompiled step)
+        restore the snapshot
+    configure the fastest candidate that passed; log one line; model.hasten_report says why
+
+Failures never stop training: a candidate that raises or whose numerics differ is dropped with a
+:class:`HastenKerasWarning` naming the cause, and Keras's default step remains.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CandidateReport",
+    "HastenKerasWarning",
+    "KerasCompileReport",
+    "candidates_for",
+    "compile",
+]
+
+logger = logging.getLogger("hasten.keras")
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+TOLERANCES = {"fp32": 2e-3, "bf16": 5e-2, "fp16": 2e-2}
+"""Relative tolerance on the losses compared (fp32: reordered sums; bf16: 8-bit mantissa)."""
+
+
+class HastenKerasWarning(UserWarning):
+    """A candidate configuration failed or computed different numbers, and was left out."""
+
+
+@dataclass
+class CandidateReport:
+    """One configuration tried: its timing and whether it passed the numerics check."""
+
+    name: str
+    settings: dict[str, Any]
+    step_ms: float | None = None
+    first_step_s: float | None = None
+    verified: bool | None = None
+    max_rel_diff: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class KerasCompileReport:
+    """What :func:`compile` measured and chose. ``str(report)`` is the one-line summary."""
+
+    backend: str
+    precision: str
+    policy: str
+    chosen: str
+    reason: str
+    candidates: list[CandidateReport] = field(default_factory=list)
+    checked: str = ""
+    loss_scaling: bool = False
+    built: str = "as given"
+
+    def candidate(self, name: str) -> CandidateReport:
+        for c in self.candidates:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        times = ", ".join(
+            f"{c.name} {c.step_ms:.1f} ms" if c.step_ms is not None else f"{c.name} failed"
+            for c in self.candidates
+        )
+        return (
+            f"hasten.keras: {self.backend} {self.precision} ({self.policy}): chose {self.chosen}"
+            f" — {self.reason} [{times}]"
+        )
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    name: str
+    jit_compile: bool
+    hasten: bool = False
+
+
+def candidates_for(backend: str) -> list[_Candidate]:
+    """The configurations tried on ``backend``; the first is the reference (Keras's default)."""
+    if backend == "tensorflow":
+        return [_Candidate("keras", False), _Candidate("keras+xla", True)]
+    if backend == "torch":
+        return [_Candidate("keras", False), _Candidate("hasten", False, hasten=True)]
+    if backend == "jax":
+        return [_Candidate("keras+xla", True)]
+    raise ValueError(f"hasten.keras supports the tensorflow, torch and jax backends, not {backend}")
+
+
+def compile(
+    model: Any,
+    data: Any,
+    *,
+    precision: str = "fp32",
+    candidates: Sequence[str] | None = None,
+    steps: int = 3,
+    warmup: int = 1,
+    check: bool = True,
+    rtol: float | None = None,
+    verbose: bool = True,
+) -> Any:
+    """Pick and apply the fastest correct training configuration for a Keras 3 model.
+
+    Call it after ``model.compile(optimizer, loss, ...)`` and before ``fit`` (or a custom loop
+    of ``train_on_batch``). It runs a few steps of each candidate on ``data``, then restores the
+    weights and optimizer state, so training starts from where the model was.
+
+    Args:
+        model: A compiled Keras 3 model, or a function with no arguments that builds and
+            compiles one. For ``precision="bf16"`` the layers must be built under Keras's mixed
+            policy: a function is called under it; a Functional or Sequential model is cloned
+            under it (weights copied, compiled with the same arguments); a built subclassed
+            model raises (pass a function instead).
+        data: One training batch, ``(x, y)`` or ``(x, y, sample_weight)``, or a
+            ``keras.utils.PyDataset`` / ``tf.data.Dataset`` whose first batch is used.
+        precision: ``"fp32"``, ``"bf16"`` (Keras's ``mixed_bfloat16``: no loss scaling needed)
+            or ``"fp16"`` (``mixed_float16``; Keras wraps the optimizer in a
+            ``LossScaleOptimizer``).
+        candidates: Names to try (default: all of the backend's, see :func:`candidates_for`).
+        steps: Timed steps per candidate (median taken).
+        warmup: Untimed steps after the first (compiling) one.
+        check: Compare each candidate's losses with the reference step's.
+        rtol: Relative tolerance of that check (default per precision, see ``TOLERANCES``).
+        verbose: Print the one-line summary (it is always logged to ``hasten.keras``).
+
+    Returns:
+        The model to train: ``model`` itself, configured, or its clone for bf16. Its
+        ``hasten_report`` attribute is a :class:`KerasCompileReport`.
+
+    Example::
+
+        model = hasten.keras.compile(model, (x[:64], y[:64]), precision="bf16")
+        model.fit(x, y, batch_size=64, epochs=3)
+        print(model.hasten_report)
+    """
+    import keras
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    for name, value in (("steps", steps), ("warmup", warmup)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < (1 if name == "steps" else 0)
+        ):
+            raise ValueError(
+                f"{name} must be an int >= {1 if name == 'steps' else 0}, got {value!r}"
+            )
+    backend = keras.backend.backend()
+    model, built = _model_under_policy(model, POLICIES[precision])
+    if not getattr(model, "compiled", False) or model.optimizer is None:
+        raise ValueError(
+            "hasten.keras.compile needs a compiled model: call model.compile(optimizer=..., "
+            "loss=...) first (or return a compiled model from the builder function)"
+        )
+    if getattr(model, "steps_per_execution", 1) != 1 and backend == "torch":
+        raise ValueError("the PyTorch backend of Keras needs steps_per_execution=1")
+    batch = _first_batch(data)
+    pool = candidates_for(backend)
+    if candidates is not None:
+        known = {c.name for c in pool}
+        unknown = [c for c in candidates if c not in known]
+        if unknown:
+            raise ValueError(
+                f"unknown candidates {unknown} for the {backend} backend; choose from "
+                f"{', '.join(sorted(known))}"
+            )
+        pool = [pool[0]] + [c for c in pool[1:] if c.name in candidates]
+    tol = TOLERANCES[precision] if rtol is None else float(rtol)
+    stochastic = _stochastic_layers(model)
+    checked = (
+        "the eval loss only (the model draws random numbers: " + ", ".join(stochastic[:3]) + ")"
+        if stochastic
+        else "the eval loss, and the training loss of two steps"
+    )
+    report = KerasCompileReport(
+        backend=backend,
+        precision=precision,
+        policy=model.dtype_policy.name,
+        chosen=pool[0].name,
+        reason="",
+        checked=checked if check else "nothing (check=False)",
+        loss_scaling=type(model.optimizer).__name__ == "LossScaleOptimizer",
+        built=built,
+    )
+    state = _snapshot(model)
+    reference: list[float] | None = None
+    for cand in pool:
+        entry = CandidateReport(cand.name, {"jit_compile": cand.jit_compile, "hasten": cand.hasten})
+        report.candidates.append(entry)
+        try:
+            _configure(model, cand)
+            losses, first_s, times = _trial(model, batch, steps, warmup, stochastic)
+        except Exception as err:  # a candidate's failure is reported, not raised
+            entry.error = _one_line(err)
+            _restore(model, state)
+            if cand is pool[0]:
+                raise  # Keras's own default step fails: the model's or the data's error
+            _warn(f"{cand.name} failed, so it is left out: {entry.error}")
+            continue
+        _restore(model, state)
+        entry.first_step_s = first_s
+        entry.step_ms = statistics.median(times) * 1e3
+        if reference is None:
+            reference = losses
+            entry.verified = True
+            entry.max_rel_diff = 0.0
+        elif check:
+            diff = max(_rel(a, b) for a, b in zip(losses, reference))
+            entry.max_rel_diff = diff
+            entry.verified = diff <= tol
+            if not entry.verified:
+                _warn(
+                    f"{cand.name} computes different losses than Keras's default step (relative "
+                    f"difference {diff:.2e} > {tol:.0e}), so it is left out"
+                )
+    ok = [c for c in report.candidates if c.step_ms is not None and (c.verified or not check)]
+    best = min(ok, key=lambda c: c.step_ms)  # type: ignore[arg-type,return-value]
+    ref = report.candidates[0]
+    report.chosen = best.name
+    if best is ref:
+        others = [c for c in report.candidates[1:]]
+        why = "; ".join(
+            f"{c.name} {'failed' if c.error else 'differs' if c.verified is False else 'slower'}"
+            for c in others
+        )
+        report.reason = f"Keras's default step is fastest ({why or 'no other candidate'})"
+    else:
+        report.reason = (
+            f"{ref.step_ms / best.step_ms:.2f}x Keras's default step; numerics checked on "  # type: ignore[operator]
+            f"{report.checked} (max rel diff {best.max_rel_diff:.1e})"
+            if check
+            else f"{ref.step_ms / best.step_ms:.2f}x Keras's default step (not checked)"  # type: ignore[operator]
+        )
+    _configure(model, next(c for c in pool if c.name == best.name))
+    model.reset_metrics()
+    object.__setattr__(model, "hasten_report", report)
+    logger.info("%s", report)
+    if verbose:
+        print(report)
+    return model
+
+
+# ---------------------------------------------------------------------- building under a policy
+
+
+def _model_under_policy(model: Any, policy: str) -> tuple[Any, str]:
+    import keras
+
+    if not isinstance(model, keras.Model):
+        if not callable(model):
+            raise TypeError(
+                f"hasten.keras.compile takes a keras.Model or a function that builds one, got "
+                f"{type(model).__name__}"
+            )
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(policy)
+        try:
+            built = model()
+        finally:
+            keras.config.set_dtype_policy(previous)
+        if not isinstance(built, keras.Model):
+            raise TypeError(
+                f"the builder function returned {type(built).__name__}, not a keras.Model"
+            )
+        return built, f"built by the function under {policy}"
+    current = model.dtype_policy.name
+    if current == policy:
+        return model, "as given"
+    if policy == "float32":
+        raise ValueError(
+            f"the model was built under the {current} policy but precision='fp32' was asked: "
+            "pass the precision it was built for, or build it under float32"
+        )
+    if not _cloneable(model):
+        raise ValueError(
+            f"precision needs the {policy} policy, which Keras applies when layers are built; "
+            f"{type(model).__name__} is a subclassed model hasten cannot rebuild. Pass a function "
+            "that builds and compiles the model instead: hasten.keras.compile(lambda: "
+            "make_model(), data, precision=...), or call "
+            f"keras.config.set_dtype_policy('{policy}') before building it"
+        )
+    return _clone_under(model, policy), f"cloned under {policy} (weights copied)"
+
+
+def _cloneable(model: Any) -> bool:
+    import keras
+
+    return isinstance(model, keras.Sequential) or type(model).__name__ == "Functional"
+
+
+def _clone_under(model: Any, policy: str) -> Any:
+    import keras
+
+    def clone(layer: Any) -> Any:
+        config = layer.get_config()
+        config["dtype"] = policy
+        return layer.__class__.from_config(config)
+
+    clone_model = keras.models.clone_model(model, clone_function=clone)
+    clone_model.set_weights(model.get_weights())
+    if getattr(model, "compiled", False):
+        cfg = dict(model._compile_config.config)  # the arguments model.compile() was given
+        opt = model.optimizer
+        cfg["optimizer"] = type(opt).from_config(opt.get_config())  # fresh slots for new variables
+        clone_model.compile(**cfg)
+    return clone_model
+
+
+# ---------------------------------------------------------------------- measuring
+
+
+def _first_batch(data: Any) -> tuple[Any, ...]:
+    import keras
+
+    if isinstance(data, keras.utils.PyDataset):
+        data = data[0]
+    elif type(data).__module__.startswith("tensorflow") and hasattr(data, "take"):
+        data = next(iter(data.take(1).as_numpy_iterator()))
+    if isinstance(data, dict) or not isinstance(data, (tuple, list)) or not 1 <= len(data) <= 3:
+        raise TypeError(
+            "data must be a batch (x, y) or (x, y, sample_weight), a keras.utils.PyDataset or a "
+            f"tf.data.Dataset; got {type(data).__name__}"
+        )
+    return tuple(data)
+
+
+def _stochastic_layers(model: Any) -> list[str]:
+    out = []
+    for layer in model._flatten_layers(include_self=False):
+        amount = [getattr(layer, a, 0) for a in ("rate", "dropout", "stddev", "recurrent_dropout")]
+        if any(isinstance(a, (int, float)) and not isinstance(a, bool) and a > 0 for a in amount):
+            out.append(layer.name)  # Dropout, GaussianNoise, attention/RNN dropout ...
+    return out
+
+
+def _configure(model: Any, cand: _Candidate) -> None:
+    import keras
+
+    from hasten.keras import _torch_forward
+
+    if keras.backend.backend() == "torch":
+        _torch_forward.uninstall(model)
+        if cand.hasten:
+            from hasten.compiler.config import CompileConfig
+
+            _torch_forward.install(model, CompileConfig(fallback="eager"))
+    model.jit_compile = cand.jit_compile
+    model.train_function = model.test_function = model.predict_function = None
+
+
+def _trial(
+    model: Any, batch: tuple[Any, ...], steps: int, warmup: int, stochastic: list[str]
+) -> tuple[list[float], float, list[float]]:
+    x, y, sw = (*batch, None, None)[:3]
+    losses = [_loss(model.test_on_batch(x, y, sample_weight=sw))]
+    t0 = time.perf_counter()
+    first = _loss(model.train_on_batch(x, y, sample_weight=sw))
+    first_s = time.perf_counter() - t0
+    second = _loss(model.train_on_batch(x, y, sample_weight=sw))
+    if not stochastic:
+        losses += [first, second]
+    for _ in range(max(0, warmup - 1)):
+        model.train_on_batch(x, y, sample_weight=sw)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        model.train_on_batch(x, y, sample_weight=sw)
+        times.append(time.perf_counter() - t0)
+    return losses, first_s, times
+
+
+def _loss(out: Any) -> float:
+    value = out[0] if isinstance(out, (list, tuple)) else out
+    if isinstance(value, dict):
+        value = value["loss"]
+    return float(value)
+
+
+def _snapshot(model: Any) -> dict[str, list[np.ndarray]]:
+    import keras
+
+    opt = model.optimizer
+    if not opt.built:
+        opt.build(model.trainable_variables)
+    return {
+        "model": [keras.ops.convert_to_numpy(v.value).copy() for v in model.variables],
+        "optimizer": [keras.ops.convert_to_numpy(v.value).copy() for v in opt.variables],
+    }
+
+
+def _restore(model: Any, state: dict[str, list[np.ndarray]]) -> None:
+    for v, value in zip(model.variables, state["model"]):
+        v.assign(value)
+    for v, value in zip(model.optimizer.variables, state["optimizer"]):
+        v.assign(value)
+    model.reset_metrics()
+
+
+def _rel(a: float, b: float) -> float:
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return 0.0 if a == b else math.inf
+    return abs(a - b) / max(abs(b), 1e-6)
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}"[:400]
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"hasten.keras.compile: {message}", HastenKerasWarning, stacklevel=3)
+
+
+Builder = Callable[[], Any]

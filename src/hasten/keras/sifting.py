@@ -1,0 +1,336 @@
+"""Sifting in Keras ``fit``: prune each epoch from the losses the training step computed.
+
+The two epoch-level rules of :class:`~hasten.sifting.pruning.PruningSampler`, with the same
+policies and the same keep-rate law (the pure functions of :mod:`hasten.sifting.policy` and
+:mod:`hasten.sifting.unbiased`, the loss table of :mod:`hasten.sifting.feedback`):
+
+- :class:`~hasten.sifting.pruning_config.StaleRelativePruningConfig`: SageMaker's relative rule,
+  keep a sample with probability ``percentile ** beta`` among the stored losses;
+- :class:`~hasten.sifting.pruning_config.UnbiasedPruningConfig`: InfoBatch's unbiased rule, drop
+  below-mean samples with probability ``prune_ratio`` and weight the kept ones
+  ``1 / (1 - prune_ratio)`` (passed to Keras as ``sample_weight``).
+
+The loop, with the hook points::
+
+    data = SiftingPyDataset(x, y, batch_size=64, config=cfg, num_epochs=E)   # plans epoch 0
+    model.fit(data, epochs=E, callbacks=[data.callback()])
+      on_train_begin      the callback wraps model.compute_loss: the training step also writes
+                          its per-sample losses (no extra forward) into a small Keras variable
+      on_epoch_begin(e)   plan epoch e: one read of the loss table, the policy, a shuffle
+      data[i]             batch i of the plan: (x, y, sample_weight); its indices queue up
+      on_train_batch_end  read the step's per-sample losses (one host read of batch_size floats)
+                          and store them under the queued indices
+      on_epoch_end        keep rate and statistics go into the epoch's logs (sift_keep_rate ...)
+
+Every sample the plan keeps is yielded exactly once per epoch; never-seen samples are always kept
+(so epoch 0 trains on all data), and the last ``anneal_fraction`` of the epochs train on all data.
+Keras fixes the number of steps per epoch at the first epoch (all data), so a pruned epoch ends
+early; Keras's "ran out of data" warning for that is silenced while the callback runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import numpy as np
+import torch
+
+import hasten.sifting.pruning  # noqa: F401  (registers the pruning policies)
+from hasten.sifting.feedback import SampleLosses
+from hasten.sifting.policy import policy_for
+from hasten.sifting.pruning import PruningStats
+from hasten.sifting.pruning_config import coerce_pruning_config
+
+__all__ = ["SiftingCallback", "SiftingPyDataset", "sifting_dataset"]
+
+_RAN_OUT = "Your input ran out of data"
+
+
+@dataclass
+class _Plan:
+    epoch: int
+    order: np.ndarray  # int64 dataset indices, in yield order
+    weights: np.ndarray | None  # float32 per entry of order; None: all ones
+
+
+class SiftingPyDataset(keras.utils.PyDataset):
+    """A ``keras.utils.PyDataset`` over in-memory samples that leaves out what a pruning rule
+    drops, epoch by epoch, from the losses the training step itself computed.
+
+    Args:
+        x: Inputs: an array, or a list/tuple/dict of arrays, with samples along axis 0.
+        y: Targets, same layout (or ``None``).
+        sample_weight: Optional per-sample weights, multiplied with the policy's weights.
+        batch_size: Samples per batch (the last batch of an epoch may be smaller).
+        config: :class:`~hasten.sifting.pruning_config.UnbiasedPruningConfig`,
+            :class:`~hasten.sifting.pruning_config.StaleRelativePruningConfig` or an equivalent
+            dict with a ``"policy"`` key.
+        num_epochs: Epochs of the run: needed when the config anneals (``anneal_fraction``).
+        seed: Seed of the pruning draws and the shuffle.
+        shuffle: Shuffle the kept samples each epoch.
+        loss: Per-sample loss ``fn(y_true, y_pred) -> [batch]`` to record; default: the model's
+            compiled loss, unreduced.
+
+    Attributes:
+        stats: A :class:`~hasten.sifting.pruning.PruningStats` (as for the PyTorch sampler).
+        table: The :class:`~hasten.sifting.feedback.SampleLosses` the training step feeds.
+    """
+
+    def __init__(
+        self,
+        x: Any,
+        y: Any = None,
+        sample_weight: Any = None,
+        *,
+        batch_size: int,
+        config: Any,
+        num_epochs: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        loss: Any = None,
+    ) -> None:
+        super().__init__(workers=1, use_multiprocessing=False)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.config = coerce_pruning_config(config)
+        anneal = float(getattr(self.config, "anneal_fraction", 0.0))
+        if num_epochs is None and anneal > 0:
+            raise ValueError(
+                f"{type(self.config).__name__}(anneal_fraction={anneal}) trains the last epochs "
+                "on all data, so it needs the run's length: pass num_epochs=<epochs given to "
+                "fit> or set anneal_fraction=0"
+            )
+        self.x, self.y = x, y
+        self.sample_weight = None if sample_weight is None else np.asarray(sample_weight, "float32")
+        sizes = {len(a) for a in keras.tree.flatten((x, y, self.sample_weight)) if a is not None}
+        if len(sizes) != 1:
+            raise ValueError(
+                f"x, y and sample_weight must hold the same number of samples, got {sorted(sizes)}"
+            )
+        self.size = sizes.pop()
+        self.batch_size = batch_size
+        self.num_epochs = num_epochs
+        self.shuffle = bool(shuffle)
+        self.loss = loss
+        self.table = SampleLosses(self.size, "cpu")
+        self.stats = PruningStats()
+        self._policy = policy_for(self.config)
+        full = 0 if num_epochs is None else math.ceil(anneal * num_epochs - 1e-9)
+        self._prune_until = math.inf if num_epochs is None else num_epochs - full
+        self._generator = torch.Generator().manual_seed(seed)
+        self._queue: collections.deque[np.ndarray] = collections.deque()
+        self._fed_back = 0
+        self._plan = self._make_plan(0)
+
+    # ------------------------------------------------------------------ PyDataset protocol
+
+    @property
+    def num_batches(self) -> int:
+        """Batches of the epoch planned (Keras reads it when the epoch's iteration starts)."""
+        return max(1, math.ceil(len(self._plan.order) / self.batch_size))
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __getitem__(self, index: int) -> tuple[Any, Any, np.ndarray]:
+        plan = self._plan
+        lo = index * self.batch_size
+        if not 0 <= lo < max(1, len(plan.order)):
+            raise IndexError(f"batch {index} is past the {self.num_batches} of this epoch")
+        rows = plan.order[lo : lo + self.batch_size]
+        self._queue.append(rows)
+        w = (
+            np.ones(len(rows), "float32")
+            if plan.weights is None
+            else plan.weights[lo : lo + len(rows)]
+        )
+        if self.sample_weight is not None:
+            w = w * self.sample_weight[rows]
+        take = lambda a: np.asarray(a)[rows]  # noqa: E731
+        return keras.tree.map_structure(take, self.x), keras.tree.map_structure(take, self.y), w
+
+    # ------------------------------------------------------------------ epochs and feedback
+
+    @property
+    def epoch(self) -> int:
+        return self._plan.epoch
+
+    def start_epoch(self, epoch: int) -> None:
+        """Plan ``epoch`` (a no-op if planned) and forget batches queued but not trained on."""
+        self._queue.clear()
+        if epoch != self._plan.epoch:
+            self._plan = self._make_plan(epoch)
+
+    def record(self, losses: np.ndarray) -> None:
+        """Store the losses of the oldest queued batch (the one Keras just trained on)."""
+        if not self._queue:
+            raise RuntimeError(
+                "hasten.keras sifting got a training step's losses but no batch is queued: "
+                "the dataset must feed fit directly, with workers=1 and steps_per_execution=1"
+            )
+        rows = self._queue.popleft()
+        self.table.record(
+            torch.from_numpy(rows), torch.from_numpy(losses[: len(rows)]), self._plan.epoch
+        )
+        self.stats.samples_fed_back += len(rows)
+        self._fed_back += len(rows)
+
+    def callback(self) -> SiftingCallback:
+        """The callback that feeds this dataset from the training step; pass it to ``fit``."""
+        return SiftingCallback(self)
+
+    def _make_plan(self, epoch: int) -> _Plan:
+        # The same law as PruningSampler._make_plan (one rank, no scorer): never-seen samples are
+        # kept, the policy decides on the others, the kept ones are shuffled.
+        t0 = time.perf_counter()
+        if hasattr(self, "_plan"):
+            self.stats.samples_not_fed_back += len(self._plan.order) - self._fed_back
+        self._fed_back = 0
+        seen = self.table.seen
+        weights = None
+        if epoch < self._prune_until and bool(seen.any()):
+            scores = self.table.losses
+            reference = scores[seen & torch.isfinite(scores)]
+            sel = self._policy(scores, reference, self._generator)
+            keep = sel.keep | ~seen
+            if sel.weights is not None:
+                weights = torch.where(seen, sel.weights.float(), 1.0)
+            kept = keep.nonzero().reshape(-1)
+        else:
+            kept = torch.arange(self.size)
+        if self.shuffle:
+            kept = kept[torch.randperm(len(kept), generator=self._generator)]
+        s = self.stats
+        s.epochs += 1
+        s.samples_total += self.size
+        s.samples_kept += len(kept)
+        s.epoch_kept_fractions.append(len(kept) / self.size)
+        s.planning_seconds += time.perf_counter() - t0
+        w = None if weights is None else weights.index_select(0, kept).numpy().astype("float32")
+        return _Plan(epoch, kept.numpy().astype("int64"), w)
+
+
+class SiftingCallback(keras.callbacks.Callback):
+    """Feeds a :class:`SiftingPyDataset` the per-sample losses of each training step and puts
+    the keep rate into Keras's logs (``sift_keep_rate``: this epoch's share of the data,
+    ``sift_kept_fraction``: the run's so far)."""
+
+    def __init__(self, dataset: SiftingPyDataset) -> None:
+        super().__init__()
+        self.dataset = dataset
+        self._buffer: Any = None
+        self._restore: Any = None
+        self._filters: Any = None
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        model = self.model
+        if getattr(model, "steps_per_execution", 1) != 1:
+            raise ValueError(
+                "hasten.keras sifting reads every step's losses: compile the model with "
+                "steps_per_execution=1"
+            )
+        self._buffer = keras.Variable(
+            np.zeros(self.dataset.batch_size, "float32"), trainable=False, name="hasten_sift_losses"
+        )
+        per_sample = _per_sample_loss(model, self.dataset.loss)
+        original = model.compute_loss
+        buffer, size = self._buffer, self.dataset.batch_size
+
+        def compute_loss(x=None, y=None, y_pred=None, sample_weight=None, training=True):
+            total = original(x, y, y_pred, sample_weight, training=training)
+            if training:
+                losses = keras.ops.cast(keras.ops.stop_gradient(per_sample(y, y_pred)), "float32")
+                padded = keras.ops.slice_update(keras.ops.zeros((size,), "float32"), (0,), losses)
+                buffer.assign(padded)
+            return total
+
+        object.__setattr__(model, "compute_loss", compute_loss)
+        self._restore = original
+        model.make_train_function(force=True)  # fit made it before this hook: remake it
+        self._filters = warnings.filters[:]
+        warnings.filterwarnings("ignore", message=_RAN_OUT)
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.dataset.start_epoch(epoch)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        # HOST SYNC: batch_size floats per step (Keras reads its logs back every step anyway)
+        self.dataset.record(keras.ops.convert_to_numpy(self._buffer.value))
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is not None:
+            s = self.dataset.stats
+            logs["sift_keep_rate"] = s.epoch_kept_fractions[-1]
+            logs["sift_kept_fraction"] = s.kept_fraction
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._restore is not None and "compute_loss" in self.model.__dict__:
+            object.__delattr__(self.model, "compute_loss")
+            self.model.train_function = None
+        self._restore = None
+        if self._filters is not None:
+            warnings.filters[:] = self._filters
+            self._filters = None
+
+
+def _per_sample_loss(model: Any, loss: Any) -> Any:
+    fn = loss if loss is not None else model.loss
+    if isinstance(fn, str):
+        fn = keras.losses.get(fn)
+    if isinstance(fn, (dict, list, tuple)) or fn is None:
+        raise ValueError(
+            "hasten.keras sifting needs one per-sample loss: the model was compiled with "
+            f"{type(fn).__name__} losses; pass SiftingPyDataset(..., loss=fn(y_true, y_pred))"
+        )
+    call = fn.call if isinstance(fn, keras.losses.Loss) else fn
+
+    def per_sample(y: Any, y_pred: Any) -> Any:
+        out = call(y, keras.ops.cast(y_pred, "float32"))
+        if len(out.shape) > 1:
+            out = keras.ops.mean(keras.ops.reshape(out, (keras.ops.shape(out)[0], -1)), axis=-1)
+        return out
+
+    return per_sample
+
+
+def sifting_dataset(
+    source: Any, *, batch_size: int, config: Any, **kwargs: Any
+) -> SiftingPyDataset:
+    """A :class:`SiftingPyDataset` from a ``tf.data.Dataset`` or a ``keras.utils.PyDataset``.
+
+    Sifting needs every sample by index, so the source is read once into memory: a
+    ``tf.data.Dataset`` of single samples ``(x, y)`` or ``(x, y, w)`` (as from
+    ``from_tensor_slices``; a batched one is unbatched), or a ``PyDataset`` of batches.
+    """
+    if isinstance(source, keras.utils.PyDataset):
+        batches = [source[i] for i in range(len(source))]
+    elif type(source).__module__.startswith("tensorflow") and hasattr(source, "as_numpy_iterator"):
+        import tensorflow as tf
+
+        spec = source.element_spec
+        first = keras.tree.flatten(spec)[0]
+        if first.shape.rank and first.shape[0] is None:  # batched: samples along axis 0
+            source = source.unbatch()
+        items = list(source.as_numpy_iterator())
+        batches = [keras.tree.map_structure(lambda *v: np.stack(v), *items)] if items else []
+        del tf
+    else:
+        raise TypeError(
+            f"sifting_dataset takes a tf.data.Dataset or a keras.utils.PyDataset, got "
+            f"{type(source).__name__}; for arrays use SiftingPyDataset(x, y, ...)"
+        )
+    if not batches:
+        raise ValueError("the source dataset is empty")
+    parts = [tuple(b) if isinstance(b, (tuple, list)) else (b,) for b in batches]
+    joined = [
+        keras.tree.map_structure(lambda *v: np.concatenate(v), *[p[k] for p in parts])
+        for k in range(len(parts[0]))
+    ]
+    x, y, w = (*joined, None, None)[:3]
+    return SiftingPyDataset(x, y, w, batch_size=batch_size, config=config, **kwargs)
