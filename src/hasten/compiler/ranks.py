@@ -110,7 +110,10 @@ def rank_gate(wait_s: float, cache_dir: str | None) -> RankGate | None:
     if cache_dir is None:
         from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
 
-        cache_dir = inductor_cache_dir()
+        try:
+            cache_dir = inductor_cache_dir()
+        except OSError:  # an unusable cache directory: the compile falls back on its own
+            return None
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     tag = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{run_id}-{restart}")
     return RankGate(Path(cache_dir) / "hasten-ranks" / tag, local_rank == "0", wait_s)

@@ -178,3 +178,19 @@ def test_blocks_whole_and_eager_train_alike_fp32(glue, monkeypatch):
     assert len(report.graphs) == (1 if glue == "eager" else 4)
     assert any("1 Layer shared by 5" in f for f in report.fixes)
     assert blocks.state_dict().keys() == eager.state_dict().keys()
+
+
+def test_a_training_kv_cache_gives_each_block_code_of_its_own():
+    from types import SimpleNamespace
+
+    from hasten.compiler.regions import builds_kv_cache
+
+    net = Stack()
+    assert not builds_kv_cache(net)  # no Transformers config
+    net.config = SimpleNamespace(use_cache=True, to_dict=dict)
+    assert builds_kv_cache(net)
+    net.eval()
+    assert not builds_kv_cache(net)  # evaluation: the cache is what generation wants
+    net.train()
+    net.config.use_cache = False
+    assert not builds_kv_cache(net)
