@@ -204,7 +204,7 @@ def compile(
     report = KerasCompileReport(
         backend=backend,
         precision=precision,
-        policy=model.dtype_policy.name,
+        policy=_policy_of(model),
         chosen=pool[0].name,
         reason="",
         checked=checked if check else "nothing (check=False)",
@@ -292,7 +292,7 @@ def _model_under_policy(model: Any, policy: str) -> tuple[Any, str]:
                 f"the builder function returned {type(built).__name__}, not a keras.Model"
             )
         return built, f"built by the function under {policy}"
-    current = model.dtype_policy.name
+    current = _policy_of(model)
     if current == policy:
         return model, "as given"
     if policy == "float32":
@@ -309,6 +309,16 @@ def _model_under_policy(model: Any, policy: str) -> tuple[Any, str]:
             f"keras.config.set_dtype_policy('{policy}') before building it"
         )
     return _clone_under(model, policy), f"cloned under {policy} (weights copied)"
+
+
+def _policy_of(model: Any) -> str:
+    """The dtype policy of the model's layers that hold weights (the model's own otherwise)."""
+    names = [
+        layer.dtype_policy.name
+        for layer in model._flatten_layers(include_self=False)
+        if layer.weights and hasattr(layer, "dtype_policy")
+    ]
+    return max(set(names), key=names.count) if names else model.dtype_policy.name
 
 
 def _cloneable(model: Any) -> bool:

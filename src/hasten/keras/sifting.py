@@ -32,31 +32,18 @@ from __future__ import annotations
 
 import collections
 import math
-import time
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import keras
 import numpy as np
-import torch
 
-import hasten.sifting.pruning  # noqa: F401  (registers the pruning policies)
-from hasten.sifting.feedback import SampleLosses
-from hasten.sifting.policy import policy_for
-from hasten.sifting.pruning import PruningStats
+from hasten.keras._plan import EpochPlanner
 from hasten.sifting.pruning_config import coerce_pruning_config
 
 __all__ = ["SiftingCallback", "SiftingPyDataset", "sifting_dataset"]
 
 _RAN_OUT = "Your input ran out of data"
-
-
-@dataclass
-class _Plan:
-    epoch: int
-    order: np.ndarray  # int64 dataset indices, in yield order
-    weights: np.ndarray | None  # float32 per entry of order; None: all ones
 
 
 class SiftingPyDataset(keras.utils.PyDataset):
@@ -99,13 +86,6 @@ class SiftingPyDataset(keras.utils.PyDataset):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self.config = coerce_pruning_config(config)
-        anneal = float(getattr(self.config, "anneal_fraction", 0.0))
-        if num_epochs is None and anneal > 0:
-            raise ValueError(
-                f"{type(self.config).__name__}(anneal_fraction={anneal}) trains the last epochs "
-                "on all data, so it needs the run's length: pass num_epochs=<epochs given to "
-                "fit> or set anneal_fraction=0"
-            )
         self.x, self.y = x, y
         self.sample_weight = None if sample_weight is None else np.asarray(sample_weight, "float32")
         sizes = {len(a) for a in keras.tree.flatten((x, y, self.sample_weight)) if a is not None}
@@ -118,38 +98,31 @@ class SiftingPyDataset(keras.utils.PyDataset):
         self.num_epochs = num_epochs
         self.shuffle = bool(shuffle)
         self.loss = loss
-        self.table = SampleLosses(self.size, "cpu")
-        self.stats = PruningStats()
-        self._policy = policy_for(self.config)
-        full = 0 if num_epochs is None else math.ceil(anneal * num_epochs - 1e-9)
-        self._prune_until = math.inf if num_epochs is None else num_epochs - full
-        self._generator = torch.Generator().manual_seed(seed)
+        self.planner = EpochPlanner(
+            self.size, self.config, num_epochs=num_epochs, seed=seed, shuffle=shuffle
+        )
+        self.table = self.planner.table
+        self.stats = self.planner.stats
         self._queue: collections.deque[np.ndarray] = collections.deque()
-        self._fed_back = 0
-        self._plan = self._make_plan(0)
 
     # ------------------------------------------------------------------ PyDataset protocol
 
     @property
     def num_batches(self) -> int:
         """Batches of the epoch planned (Keras reads it when the epoch's iteration starts)."""
-        return max(1, math.ceil(len(self._plan.order) / self.batch_size))
+        return max(1, math.ceil(len(self.planner.order) / self.batch_size))
 
     def __len__(self) -> int:
         return self.num_batches
 
     def __getitem__(self, index: int) -> tuple[Any, Any, np.ndarray]:
-        plan = self._plan
+        order, weights = self.planner.order, self.planner.weights
         lo = index * self.batch_size
-        if not 0 <= lo < max(1, len(plan.order)):
+        if not 0 <= lo < max(1, len(order)):
             raise IndexError(f"batch {index} is past the {self.num_batches} of this epoch")
-        rows = plan.order[lo : lo + self.batch_size]
+        rows = order[lo : lo + self.batch_size]
         self._queue.append(rows)
-        w = (
-            np.ones(len(rows), "float32")
-            if plan.weights is None
-            else plan.weights[lo : lo + len(rows)]
-        )
+        w = np.ones(len(rows), "float32") if weights is None else weights[lo : lo + len(rows)]
         if self.sample_weight is not None:
             w = w * self.sample_weight[rows]
         take = lambda a: np.asarray(a)[rows]  # noqa: E731
@@ -159,13 +132,12 @@ class SiftingPyDataset(keras.utils.PyDataset):
 
     @property
     def epoch(self) -> int:
-        return self._plan.epoch
+        return self.planner.epoch
 
     def start_epoch(self, epoch: int) -> None:
         """Plan ``epoch`` (a no-op if planned) and forget batches queued but not trained on."""
         self._queue.clear()
-        if epoch != self._plan.epoch:
-            self._plan = self._make_plan(epoch)
+        self.planner.plan(epoch)
 
     def record(self, losses: np.ndarray) -> None:
         """Store the losses of the oldest queued batch (the one Keras just trained on)."""
@@ -175,45 +147,11 @@ class SiftingPyDataset(keras.utils.PyDataset):
                 "the dataset must feed fit directly, with workers=1 and steps_per_execution=1"
             )
         rows = self._queue.popleft()
-        self.table.record(
-            torch.from_numpy(rows), torch.from_numpy(losses[: len(rows)]), self._plan.epoch
-        )
-        self.stats.samples_fed_back += len(rows)
-        self._fed_back += len(rows)
+        self.planner.record(rows, losses[: len(rows)])
 
     def callback(self) -> SiftingCallback:
         """The callback that feeds this dataset from the training step; pass it to ``fit``."""
         return SiftingCallback(self)
-
-    def _make_plan(self, epoch: int) -> _Plan:
-        # The same law as PruningSampler._make_plan (one rank, no scorer): never-seen samples are
-        # kept, the policy decides on the others, the kept ones are shuffled.
-        t0 = time.perf_counter()
-        if hasattr(self, "_plan"):
-            self.stats.samples_not_fed_back += len(self._plan.order) - self._fed_back
-        self._fed_back = 0
-        seen = self.table.seen
-        weights = None
-        if epoch < self._prune_until and bool(seen.any()):
-            scores = self.table.losses
-            reference = scores[seen & torch.isfinite(scores)]
-            sel = self._policy(scores, reference, self._generator)
-            keep = sel.keep | ~seen
-            if sel.weights is not None:
-                weights = torch.where(seen, sel.weights.float(), 1.0)
-            kept = keep.nonzero().reshape(-1)
-        else:
-            kept = torch.arange(self.size)
-        if self.shuffle:
-            kept = kept[torch.randperm(len(kept), generator=self._generator)]
-        s = self.stats
-        s.epochs += 1
-        s.samples_total += self.size
-        s.samples_kept += len(kept)
-        s.epoch_kept_fractions.append(len(kept) / self.size)
-        s.planning_seconds += time.perf_counter() - t0
-        w = None if weights is None else weights.index_select(0, kept).numpy().astype("float32")
-        return _Plan(epoch, kept.numpy().astype("int64"), w)
 
 
 class SiftingCallback(keras.callbacks.Callback):
