@@ -7,7 +7,8 @@ with a fresh Inductor cache and ``TORCHINDUCTOR_COMPILE_THREADS=1`` (so every co
 in the rank's own count: the process and its waited-for children): one rank; two ranks where
 local rank 0 compiles and rank 1 reuses its cache (hasten's default); two ranks compiling on their
 own (``rank_wait_s=0``). The figure is the CPU time of each rank's first training step (the step
-that compiles), summed over ranks, and its ratio to the one-rank job's. Results go to
+that compiles), summed over ranks, and its ratio to the one-rank job's. GPT-2 small is compiled
+with ``regions="blocks"`` (whole, under DDP, it falls back to eager: see the script). Results go to
 ``benchmarks/results/compile-ranks.json`` with the machine stamp.
 """
 
@@ -59,6 +60,7 @@ def main() -> None:
             "first_step_cpu_s": [round(r["first_cpu_s"], 2) for r in ranks],
             "first_step_wall_s": [round(r["first_step_s"], 2) for r in ranks],
             "outcomes": [r["outcomes"] for r in ranks],
+            "fallback": [r["fallback"] for r in ranks],
             "total_cpu_s": round(total, 2),
             "ratio_to_1_rank": round(total / base, 3),
         }
