@@ -162,6 +162,21 @@ CONFIGS: dict[str, list[str]] = {
         "--json",
         str(RESULTS / "compile-warm-start.json"),
     ],
+    # Keras 3 on its TensorFlow and PyTorch backends: Keras's switches vs hasten.keras.compile.
+    "keras-cpu": [
+        "bench",
+        "keras",
+        "--depth",
+        "4",
+        "--rounds",
+        "3",
+        "--steps",
+        "3",
+        "--warmup",
+        "2",
+        "--json",
+        str(RESULTS / "keras-cpu.json"),
+    ],
     # The README's demo: table + plot.
     "demo": ["demo", "--out", str(RESULTS / "demo")],
 }

@@ -69,6 +69,11 @@ def render_block(name: str) -> str:
         if png.exists():
             parts.append(f"![test accuracy against compute]({png.relative_to(HERE)})\n")
         machine = data["machine"]
+    elif kind == "hasten.bench.keras":
+        from hasten.bench.keras_bench import keras_table
+
+        parts.append(keras_table(data, markdown=True) + "\n")
+        machine = data["machine"]
     elif kind == "hasten.demo":
         parts.append(demo_table(data, markdown=True) + "\n")
         parts.append("![test accuracy against training seconds](results/demo/demo.png)\n")

@@ -20,6 +20,7 @@ examples:
   hasten demo                                  eager vs hasten.compile vs sifting vs both
   hasten bench compile --models gpt2,bert --precision fp32,bf16
   hasten bench sift --datasets mnist1d --seeds 10 --beta 0.5,1
+  hasten bench keras --backends tensorflow,torch --models transformer,cnn
   hasten doctor                                what is installed, what is missing, how to fix it
   hasten cache export cache.tar.gz             ship compiled kernels to another machine
 
@@ -286,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--plot", metavar="PATH", type=Path, help="also write a PNG of accuracy against compute"
     )
     _add_output(sift)
+    _add_bench_keras(bsub, fmt)
 
     doctor = sub.add_parser(
         "doctor",
@@ -341,6 +343,60 @@ def _add_cache(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
             metavar="DIR",
             help="the cache directory (default: $TORCHINDUCTOR_CACHE_DIR, else torch's default)",
         )
+
+
+def _add_bench_keras(bsub: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    from hasten.bench.keras_bench import BACKENDS, CANDIDATES, MODELS
+
+    k = bsub.add_parser(
+        "keras",
+        help="Keras's own switches vs hasten.keras.compile, on each Keras backend",
+        description=(
+            "Time whole Keras training steps (train_on_batch) of a transformer classifier and a\n"
+            "small CNN on each backend (a subprocess each): Keras's default step, jit_compile,\n"
+            "mixed_bfloat16, both, and hasten.keras.compile in fp32 and bf16. Medians of\n"
+            "interleaved rounds, speed-up over Keras's default fp32 step, compile time apart."
+        ),
+        epilog=(
+            "examples:\n"
+            "  hasten bench keras --backends torch --models cnn --rounds 1\n"
+            "  hasten bench keras --depth 4 --rounds 5 --json keras-cpu.json\n"
+        ),
+        formatter_class=fmt,
+    )
+    k.add_argument("--backends", type=_csv(_choices(BACKENDS)), default=list(BACKENDS))
+    k.add_argument("--models", type=_csv(_choices(MODELS)), default=list(MODELS))
+    k.add_argument(
+        "--candidates",
+        type=_csv(_choices(CANDIDATES)),
+        default=list(CANDIDATES),
+        help="comma-separated, from: " + ", ".join(CANDIDATES),
+    )
+    k.add_argument("--depth", type=_positive_int, default=4, help="transformer layers (4x256)")
+    k.add_argument("--rounds", type=_positive_int, default=3, help="interleaved rounds")
+    k.add_argument("--steps", type=_positive_int, default=3, help="timed steps per round")
+    k.add_argument("--warmup", type=_positive_int, default=2, help="untimed steps first")
+    _add_output(k)
+
+
+def _cmd_bench_keras(args: argparse.Namespace) -> int:
+    from hasten.bench.keras_bench import keras_table, run_keras_bench
+    from hasten.bench.report import machine_line
+
+    result = run_keras_bench(
+        backends=args.backends,
+        models=args.models,
+        candidates=args.candidates,
+        rounds=args.rounds,
+        steps=args.steps,
+        warmup=args.warmup,
+        depth=args.depth,
+        threads=args.threads,
+    )
+    print(keras_table(result))
+    print(f"\nmachine: {machine_line(result['machine'])}")
+    _write_json(args.json, result)
+    return 0
 
 
 def _write_json(path: Path | None, payload: Any) -> None:
@@ -582,6 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("bench", "compile"): _cmd_bench_compile,
         ("bench", "sift"): _cmd_bench_sift,
         "cache": _cmd_cache,
+        ("bench", "keras"): _cmd_bench_keras,
     }
     key = (args.command, args.bench_command) if args.command == "bench" else args.command
     try:

@@ -22,6 +22,7 @@ def test_help_teaches_with_examples(capsys):
         ["demo", "--help"],
         ["bench", "compile", "--help"],
         ["bench", "sift", "--help"],
+        ["bench", "keras", "--help"],
         ["doctor", "--help"],
     ],
 )
@@ -40,6 +41,7 @@ def test_every_command_has_help(argv, capsys):
         (["bench", "sift", "--seeds", "0"], "positive integer"),
         (["bench", "sift", "--beta", "x"], "could not convert"),
         (["bench", "sift", "--datasets", "imagenet"], "not one of"),
+        (["bench", "keras", "--backends", "mxnet"], "not one of"),
         (["bench"], "required"),
         (["demo", "--runs", "turbo"], "not one of eager, compile, sifting, both"),
     ],

@@ -122,7 +122,7 @@ def compile(
     precision: str = "fp32",
     candidates: Sequence[str] | None = None,
     steps: int = 3,
-    warmup: int = 1,
+    warmup: int = 2,
     check: bool = True,
     rtol: float | None = None,
     verbose: bool = True,
@@ -379,10 +379,14 @@ def _configure(model: Any, cand: _Candidate) -> None:
 
     if keras.backend.backend() == "torch":
         _torch_forward.uninstall(model)
-        if cand.hasten:
-            from hasten.compiler.config import CompileConfig
+        if cand.hasten:  # the graphs captured in the trial are kept: nothing compiles twice
+            fwd = model.__dict__.get("_hasten_keras_forward")
+            if fwd is None:
+                from hasten.compiler.config import CompileConfig
 
-            _torch_forward.install(model, CompileConfig(fallback="eager"))
+                fwd = _torch_forward.KerasForward(model, CompileConfig(fallback="eager"))
+                object.__setattr__(model, "_hasten_keras_forward", fwd)
+            object.__setattr__(model, "call", fwd)
     model.jit_compile = cand.jit_compile
     model.train_function = model.test_function = model.predict_function = None
 
