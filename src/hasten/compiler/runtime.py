@@ -42,7 +42,7 @@ from hasten.compiler.backend import HastenBackend
 from hasten.compiler.config import CompileConfig
 from hasten.compiler.precision import autocast_dtype, with_autocast
 from hasten.compiler.report import CompileRecord, Recompile, compile_line, log_line
-from hasten.compiler.traps import mark_batch_dynamic
+from hasten.compiler.traps import OddBatches, batch_size
 
 __all__ = [
     "CompiledCode",
@@ -140,6 +140,7 @@ class CompiledCode:
         self._pending: list[tuple[str, str]] = []
         self._variants: dict[str, Callable[..., Any]] = {}
         self._ran: set[str] = set()  # variants that returned at least once
+        self._odd: dict[str, OddBatches] = {}  # per variant: short last batches run eagerly
 
     def compiled(self, variant: str) -> Callable[..., Any]:
         """The compiled function of ``variant`` (created on first use; Dynamo compiles lazily)."""
@@ -161,9 +162,9 @@ class CompiledCode:
             # the outer trace takes the plain forward in.
             return self.eager(module, *args, **kwargs)
         variant = grad_variant(module.training)
+        if self.config.dynamic is None and self._odd_batch(variant, args, kwargs):
+            return self.eager(module, *args, **kwargs)  # a rare batch size: no recompile
         compiled = self.compiled(variant)
-        if self.config.dynamic is None and variant not in self._ran:
-            mark_batch_dynamic(args, kwargs)  # a short last batch must not recompile (traps.py)
         calls, graphs = self.record.backend_calls, len(self.record.graphs)
         cache_before = _cache_counts()
         t0 = time.perf_counter()
@@ -198,6 +199,27 @@ class CompiledCode:
                 )
             )
         return out
+
+    def _odd_batch(self, variant: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether this call's batch size is a rare other one, to run eagerly (traps.OddBatches)."""
+        odd = self._odd.get(variant)
+        if odd is None:
+            odd = self._odd[variant] = OddBatches()
+        if not odd.active:
+            return False
+        size = batch_size(args, kwargs)
+        if not odd.run_eagerly(size):
+            return False
+        if odd.odd == 1:
+            line = (
+                f"hasten: {self.label} ({variant}): a batch of {size} (compiled for {odd.size}) "
+                "runs eagerly instead of recompiling, while other batch sizes stay rare (the "
+                "short last batch of an epoch); dynamic=True compiles for every size"
+            )
+            with self.record.lock:
+                self.record.fixes.append(line.removeprefix("hasten: "))
+            log_line(line)
+        return True
 
     def _fall_back(
         self, err: BaseException, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
