@@ -196,10 +196,33 @@ def _elf_problem(path: str, size: int) -> str | None:
     return None
 
 
+def _being_written(root: str, name: str) -> bool:
+    """Whether another compile holds this entry's lock (``locks/<key>.lock``) right now.
+
+    Inductor builds a kernel under that lock, so a ``.so`` that looks truncated while the lock is
+    held is being written (another rank, another process), not broken.
+    """
+    from filelock import FileLock, Timeout
+
+    lock_path = os.path.join(root, "locks", name.split(".")[0] + ".lock")
+    if not os.path.exists(lock_path):
+        return False
+    lock = FileLock(lock_path, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        return True
+    except OSError:  # a read-only cache: nobody writes there either
+        return False
+    lock.release()
+    return False
+
+
 def scan(path: str | os.PathLike[str] | None = None) -> CacheScan:
     """Count a cache directory's entries and find the corrupt ones (``None``: :func:`cache_dir`).
 
-    Corrupt: a shared library shorter than its ELF headers require, or an empty file.
+    Corrupt: a shared library shorter than its ELF headers require, or an empty file, unless
+    a compile holds its lock (it is being written).
     """
     root = cache_dir(path)
     if not os.path.isdir(root):
@@ -227,7 +250,7 @@ def scan(path: str | os.PathLike[str] | None = None) -> CacheScan:
                 problem = _elf_problem(full, size)
             else:
                 problem = "empty file" if size == 0 else None
-            if problem is not None:
+            if problem is not None and not _being_written(root, name):
                 corrupt.append(Corrupt(full, problem))
     return CacheScan(root, True, files, total, kernels, graphs, tuple(corrupt))
 
@@ -382,7 +405,8 @@ def import_cache(
             if m.name == MANIFEST:
                 continue
             target = os.path.abspath(os.path.join(root, m.name))
-            if not (m.isfile() or m.isdir()) or not target.startswith(root + os.sep):
+            inside = target == root or target.startswith(root + os.sep)
+            if not (m.isfile() or m.isdir()) or not inside or (target == root and m.isfile()):
                 raise ValueError(f"{archive} holds an unsafe member {m.name!r}; refusing it")
             if m.isfile() and os.path.exists(target):
                 continue

@@ -107,8 +107,11 @@ class CompileConfig:
     passes not named keep their default (see ``hasten.compiler.passes.pass_names()``)."""
 
     dynamic: bool | None = None
-    """Dynamic shapes: ``None`` lets TorchDynamo mark a dimension dynamic after it changed once;
-    ``True`` compiles shape-generic kernels up front; ``False`` specializes on every shape."""
+    """Dynamic shapes: ``None`` lets TorchDynamo mark a dimension dynamic after it changed once,
+    except the batch size: a call of another batch size than the compiled one runs eagerly while
+    such calls stay rare (the short last batch of an epoch), instead of recompiling (see
+    ``hasten.compiler.traps.OddBatches``); ``True`` compiles shape-generic kernels up front;
+    ``False`` specializes on every shape."""
 
     fullgraph: bool = False
     """Demand one graph for the whole forward: a graph break is an error (then handled by

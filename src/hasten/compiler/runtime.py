@@ -44,7 +44,7 @@ from hasten.compiler.config import CompileConfig
 from hasten.compiler.precision import autocast_dtype, with_autocast
 from hasten.compiler.ranks import rank_gate
 from hasten.compiler.report import CompileRecord, Recompile, compile_line, log_line
-from hasten.compiler.traps import mark_batch_dynamic
+from hasten.compiler.traps import OddBatches, batch_size
 
 __all__ = [
     "CompiledCode",
@@ -152,6 +152,7 @@ class CompiledCode:
         _LABELS[self.label] = n = _LABELS.get(self.label, 0) + 1
         self._gate_key = f"{self.label}.{n}"
         self._helpers: dict[str, Any] = {}  # start="eager": variant -> its compiling helper
+        self._odd: dict[str, OddBatches] = {}  # per variant: short last batches run eagerly
 
     def compiled(self, variant: str) -> Callable[..., Any]:
         """The compiled function of ``variant`` (created on first use; Dynamo compiles lazily)."""
@@ -179,6 +180,8 @@ class CompiledCode:
             and self._helper_busy(module, args, kwargs, variant)
         ):
             return self.eager(module, *args, **kwargs)
+        if self.config.dynamic is None and self._odd_batch(variant, args, kwargs):
+            return self.eager(module, *args, **kwargs)  # a rare batch size: no recompile
         gated = self.gate is not None and variant not in self._variants
         turn = (
             self.gate.turn(f"{self._gate_key}.{variant}")  # type: ignore[union-attr]
@@ -186,8 +189,6 @@ class CompiledCode:
             else contextlib.nullcontext()
         )
         compiled = self.compiled(variant)
-        if self.config.dynamic is None and variant not in self._ran:
-            mark_batch_dynamic(args, kwargs)  # a short last batch must not recompile (traps.py)
         calls, graphs = self.record.backend_calls, len(self.record.graphs)
         cache_before = _cache_counts()
         t0 = time.perf_counter()
@@ -255,6 +256,27 @@ class CompiledCode:
                 + "; compiled from its cache from then on"
             )
         return False
+
+    def _odd_batch(self, variant: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether this call's batch size is a rare other one, to run eagerly (traps.OddBatches)."""
+        odd = self._odd.get(variant)
+        if odd is None:
+            odd = self._odd[variant] = OddBatches()
+        if not odd.active:
+            return False
+        size = batch_size(args, kwargs)
+        if not odd.run_eagerly(size):
+            return False
+        if odd.odd == 1:
+            line = (
+                f"hasten: {self.label} ({variant}): a batch of {size} (compiled for {odd.size}) "
+                "runs eagerly instead of recompiling, while other batch sizes stay rare (the "
+                "short last batch of an epoch); dynamic=True compiles for every size"
+            )
+            with self.record.lock:
+                self.record.fixes.append(line.removeprefix("hasten: "))
+            log_line(line)
+        return True
 
     def _fall_back(
         self, err: BaseException, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]

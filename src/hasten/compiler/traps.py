@@ -14,11 +14,11 @@
   (from ``num_labels`` and the labels' dtype), a change TorchDynamo guards on, so the second call
   recompiled the whole model. hasten sets it before that first call, by the same rule, from the
   call's labels (:func:`call_fixes`): the value the model would have set itself.
-* A short last batch (a data set not divisible by the batch size): TorchDynamo specializes the
-  first graph on the batch size and recompiles the model for the smaller one (21 s for BERT small
-  on 2 CPU cores). hasten marks the batch dimension of the first call's inputs dynamic instead
-  (:func:`mark_batch_dynamic`, with ``CompileConfig(dynamic=None)``, the default): one graph for
-  every batch size, measured no slower per step (see ``docs/compiler.md``).
+* A short last batch (a data set not divisible by the batch size): TorchDynamo specialized the
+  first graph on the batch size and recompiled the model for the smaller one (21 s for BERT small
+  on 2 CPU cores, for one step). With ``CompileConfig(dynamic=None)``, the default, a call of
+  another batch size runs eagerly while such calls are rare (:class:`OddBatches`); measured
+  against compiling with a dynamic batch dimension from the start in ``docs/compiler.md``.
 * Transformers models that build a KV cache in training (``config.use_cache=True``): every forward
   concatenates keys and values into a cache returned as outputs. Named, not changed (it changes
   what the model returns).
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["apply_fixes", "call_fixes", "mark_batch_dynamic", "unwrap_data_parallel"]
+__all__ = ["OddBatches", "apply_fixes", "batch_size", "call_fixes", "unwrap_data_parallel"]
 
 CallFix = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], bool]
 
@@ -133,28 +133,55 @@ def _note(model: nn.Module, line: str) -> None:
             record.fixes.append(line)
 
 
-def mark_batch_dynamic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """Let TorchDynamo keep the batch dimension of these inputs symbolic; returns the batch size.
+def batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The batch size of a call: the most common size of dim 0 among its tensor inputs.
 
-    The batch size is the most common size of dim 0 among the tensor inputs (``None``: no tensor,
-    or it is 0 or 1, which TorchDynamo always specializes); tensors whose dim 0 has that size get
-    ``torch._dynamo.maybe_mark_dynamic(t, 0)`` (a hint, not a demand: a model that needs a fixed
-    batch size still compiles, specialized).
+    ``None`` when no input is a tensor with a dimension.
     """
-    tensors = [
-        t
+    sizes = [
+        t.shape[0]
         for t in torch.utils._pytree.tree_leaves((args, kwargs))
         if isinstance(t, torch.Tensor) and t.dim() > 0
     ]
-    if not tensors:
-        return None
-    batch, _ = Counter(t.shape[0] for t in tensors).most_common(1)[0]
-    if batch < 2:
-        return None
-    for t in tensors:
-        if t.shape[0] == batch:
-            torch._dynamo.maybe_mark_dynamic(t, 0)
-    return batch
+    return Counter(sizes).most_common(1)[0][0] if sizes else None
+
+
+class OddBatches:
+    """Decides when a call whose batch size is not the compiled one runs eagerly instead.
+
+    A short last batch (a data set not divisible by the batch size) made TorchDynamo recompile
+    the model for its size: 21 s for BERT small on 2 cores, to run one step. Compiling shape-
+    generic from the first call avoids that but switches off passes that need static shapes
+    (``split_at_returned_logits``) and measured slower per step (docs/compiler.md). So the graph
+    stays specialized on the first batch size, and a call of another batch size runs eagerly
+    while such calls stay rare: at most one in :attr:`RARE` of the variant's calls. Once they
+    are not rare (batch sizes that keep changing), the next one goes to TorchDynamo, which
+    recompiles with a dynamic batch dimension, and this stops for good.
+    """
+
+    RARE = 8
+
+    def __init__(self) -> None:
+        self.size: int | None = None  # the compiled batch size; None: not known, or gave up
+        self.calls = 0
+        self.odd = 0
+        self.active = True
+
+    def run_eagerly(self, size: int | None) -> bool:
+        """Count a call of batch ``size``; ``True``: run it eagerly, not through the graph."""
+        self.calls += 1
+        if not self.active or size is None:
+            return False
+        if self.size is None:
+            self.size = size
+            return False
+        if size == self.size:
+            return False
+        if (self.odd + 1) * self.RARE <= self.calls:
+            self.odd += 1
+            return True
+        self.active = False  # not rare: let TorchDynamo compile for changing sizes
+        return False
 
 
 def _is_transformers_model(module: nn.Module) -> bool:

@@ -60,6 +60,17 @@ def test_truncated_kernel_is_found_and_removed(fake_cache, size):
     assert cache.ensure_intact(fake_cache) == []  # once per process and directory
 
 
+def test_a_kernel_being_written_under_its_lock_is_not_corrupt(fake_cache):
+    from filelock import FileLock
+
+    so = fake_cache / "ab" / "cabc.main.so"
+    truncate(so, 100)  # as it looks while the C++ compiler writes it
+    with FileLock(str(fake_cache / "locks" / "cabc.lock")):  # another rank's compile
+        assert cache.scan(fake_cache).corrupt == ()
+        assert cache.repair(fake_cache) == [] and so.exists()
+    assert len(cache.scan(fake_cache).corrupt) == 1  # lock released: a killed compile's leftover
+
+
 def test_empty_graph_entry_is_corrupt(fake_cache):
     entry = fake_cache / "fxgraph" / "x1" / "entry"
     entry.write_bytes(b"")

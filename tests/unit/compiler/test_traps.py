@@ -130,15 +130,24 @@ def test_problem_type_trap_is_named_when_fixing_is_off_and_absent_when_set():
     assert call_fixes(_gpt2()) == ([], [])  # its forward never reads problem_type
 
 
-def test_batch_dimension_is_marked_dynamic_on_the_common_batch_size():
-    from hasten.compiler.traps import mark_batch_dynamic
+def test_batch_size_is_the_common_dim0_size():
+    from hasten.compiler.traps import batch_size
 
     ids, mask, labels = torch.zeros(4, 8), torch.ones(4, 8), torch.zeros(4)
-    table = torch.zeros(3, 5)  # not batch-shaped: left alone
-    assert mark_batch_dynamic((ids,), {"mask": mask, "labels": labels, "table": table}) == 4
-    for t in (ids, mask, labels):
-        assert 0 in getattr(t, "_dynamo_weak_dynamic_indices", set())
-    assert not hasattr(table, "_dynamo_weak_dynamic_indices")
-    one = torch.zeros(1, 8)
-    assert mark_batch_dynamic((one,), {}) is None  # batch 1 is always specialized
-    assert mark_batch_dynamic((), {"x": 3}) is None
+    assert batch_size((ids,), {"mask": mask, "labels": labels, "table": torch.zeros(3, 5)}) == 4
+    assert batch_size((), {"x": 3, "s": torch.tensor(1.0)}) is None
+
+
+def test_a_rare_other_batch_size_runs_eagerly_until_they_are_not_rare():
+    from hasten.compiler.traps import OddBatches
+
+    odd = OddBatches()
+    # an epoch of 8 full batches and a short last one, twice: only the short ones go eager
+    sizes = [16] * 8 + [15] + [16] * 8 + [15]
+    assert [odd.run_eagerly(s) for s in sizes] == [s == 15 for s in sizes]
+    assert odd.size == 16 and odd.odd == 2 and odd.active
+    # batch sizes that keep changing: after the first not-rare one, TorchDynamo gets them all
+    changing = OddBatches()
+    got = [changing.run_eagerly(s) for s in (16, 16, 9, 10, 11)]
+    assert got == [False] * 5 and not changing.active
+    assert OddBatches().run_eagerly(None) is False
