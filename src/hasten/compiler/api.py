@@ -20,7 +20,15 @@ import torch
 from torch import nn
 
 from hasten._modules import module_device
-from hasten.compiler.config import CompileConfig, Fallback, Mode, Precision, PrecisionAlias
+from hasten.compiler.config import (
+    CompileConfig,
+    Fallback,
+    Mode,
+    Precision,
+    PrecisionAlias,
+    Regions,
+    Start,
+)
 from hasten.compiler.precision import attach_grad_scaler
 from hasten.compiler.regions import install
 from hasten.compiler.report import CompileRecord, CompileReport
@@ -57,6 +65,9 @@ def compile(
     cache_dir: str | os.PathLike[str] | _Unset | None = UNSET,
     fix_known_traps: bool | _Unset = UNSET,
     warn_recompiles: int | _Unset = UNSET,
+    regions: Regions | _Unset = UNSET,
+    start: Start | _Unset = UNSET,
+    rank_wait_s: float | _Unset = UNSET,
     inductor_options: Mapping[str, Any] | _Unset = UNSET,
 ) -> nn.Module:
     """Compile ``model`` in place for training and return it (the same object).
@@ -71,7 +82,8 @@ def compile(
             it wraps is compiled (see :mod:`hasten.compiler.traps`).
         config: A :class:`CompileConfig`; ``None`` for the defaults.
         mode, precision, passes, dynamic, fullgraph, fallback, cache_dir, fix_known_traps,
-        warn_recompiles, inductor_options: The :class:`CompileConfig` fields of the same name
+        warn_recompiles, regions, start, rank_wait_s, inductor_options: The
+            :class:`CompileConfig` fields of the same name
             (documented there; validated there, when the config is built). Each one given
             overrides ``config``'s; one not given keeps it (``config``'s, or the default).
 
@@ -102,6 +114,9 @@ def compile(
         "cache_dir": cache_dir,
         "fix_known_traps": fix_known_traps,
         "warn_recompiles": warn_recompiles,
+        "regions": regions,
+        "start": start,
+        "rank_wait_s": rank_wait_s,
         "inductor_options": inductor_options,
     }
     cfg = _config(config, {k: v for k, v in given.items() if v is not UNSET})
