@@ -73,6 +73,7 @@ def test_hasten_compile_fuses_a_loss_only_lm_and_trains_like_eager():
     import copy
 
     import hasten
+    from hasten.compiler import compile_report
 
     from ._pass_cases import LossOnlyLM, _lm_rows
 
@@ -90,9 +91,7 @@ def test_hasten_compile_fuses_a_loss_only_lm_and_trains_like_eager():
             model(x, labels).backward()
             opt.step()
     stats = [
-        s
-        for s in hasten.compile_report(compiled).pass_stats
-        if s.name == "fused_linear_cross_entropy"
+        s for s in compile_report(compiled).pass_stats if s.name == "fused_linear_cross_entropy"
     ]
     assert sum(s.changes["lm_head_cross_entropy_fused"] for s in stats) == 1
     for a, b in zip(eager.parameters(), compiled.parameters()):
