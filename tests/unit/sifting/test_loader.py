@@ -516,13 +516,11 @@ def test_sagemaker_logger_name_quiets_or_raises_the_progress_lines(caplog):
     name = "hasten.smart_sifting.dataloader.sift_dataloader"
     sm = logging.getLogger(name)
     try:
-        caplog.set_level(logging.WARNING)  # root quiet: a SageMaker client raises its own logger
-        sm.setLevel(logging.INFO)
+        caplog.set_level(logging.INFO, logger=name)  # as a SageMaker client raises its logger
         list(_sift(loader(n=64, batch_size=16, fmt="tensor")))
         lines = [r for r in caplog.records if "num_orig_samples_seen: " in r.getMessage()]
         assert lines and {r.name for r in lines} == {name}
         caplog.clear()
-        caplog.set_level(logging.INFO)
         sm.setLevel(logging.WARNING)  # ... or quiets it
         list(_sift(loader(n=64, batch_size=16, fmt="tensor")))
         assert not [r for r in caplog.records if "num_orig_samples_seen" in r.getMessage()]
