@@ -73,7 +73,8 @@ class TrainingMetricsRecorder(*_callback_bases()):  # type: ignore[misc]
         self._log(trainer, pl_module, on_step=True)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._log(trainer, pl_module, on_step=False)
+        if trainer.global_step != self._last_step:  # the epoch's last step was not logged yet
+            self._log(trainer, pl_module, on_step=False)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         loader = find_sifting_loader(trainer.train_dataloader)
