@@ -35,8 +35,8 @@ class TrainingMetricsRecorder(*_callback_bases()):  # type: ignore[misc]
     """Logs the sifting statistics through Lightning's loggers (SageMaker's callback name).
 
     Every ``every_n_steps`` optimizer steps (default: the Trainer's ``log_every_n_steps``), and
-    at the end of every epoch whatever the step count (so a fit shorter than the logging
-    interval still ends with them), it logs ``sift/keep_rate``, ``sift/samples_seen`` ... (see
+    at the last batch of every epoch and of the fit whatever the step count (so a fit shorter
+    than the logging interval still ends with them), it logs ``sift/keep_rate``, ``sift/samples_seen`` ... (see
     :func:`~hasten.integrations.metrics.sifting_metrics`) with ``LightningModule.log_dict``, so
     they reach every logger, ``trainer.callback_metrics`` and ``trainer.logged_metrics``. Counts
     are summed over ranks first (one small ``all_reduce``, run by every rank at the same step).
@@ -68,27 +68,28 @@ class TrainingMetricsRecorder(*_callback_bases()):  # type: ignore[misc]
     ) -> None:
         step = trainer.global_step
         every = self.every_n_steps or trainer.log_every_n_steps or 1
-        if step == self._last_step or step % every:
+        # the last batch of an epoch, or of the fit, is always logged (logging from
+        # on_train_epoch_end would land on the previous step's row)
+        last = batch_idx + 1 >= trainer.num_training_batches or (
+            trainer.max_steps is not None and 0 < trainer.max_steps <= step
+        )
+        if step == self._last_step or (step % every and not last):
             return
-        self._log(trainer, pl_module, on_step=True)
-
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        if trainer.global_step != self._last_step:  # the epoch's last step was not logged yet
-            self._log(trainer, pl_module, on_step=False)
+        self._log(trainer, pl_module)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         loader = find_sifting_loader(trainer.train_dataloader)
         if loader is not None:
             loader._check_delay_reached()
 
-    def _log(self, trainer: Any, pl_module: Any, on_step: bool) -> None:
+    def _log(self, trainer: Any, pl_module: Any) -> None:
         loader = find_sifting_loader(trainer.train_dataloader)
         if loader is None:
             return
         self._last_step = trainer.global_step
         metrics = sifting_metrics(loader, self.prefix)
         keep = f"{self.prefix}keep_rate"
-        when = {"on_step": on_step, "on_epoch": not on_step, "batch_size": 1}
+        when = {"on_step": True, "on_epoch": False, "batch_size": 1}
         if self.prog_bar and keep in metrics:
             pl_module.log(keep, metrics.pop(keep), prog_bar=True, **when)
         pl_module.log_dict(metrics, **when)
