@@ -63,7 +63,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from hasten.integrations.epochs import SiftedEpochs, expected_batches
-from hasten.integrations.metrics import find_sifting_loader, sifting_metrics
+from hasten.integrations.lightning_metrics import TrainingMetricsRecorder
 from hasten.sifting.loader import SiftingDataloader
 
 __all__ = ["TrainingMetricsRecorder", "sifting_dataloader"]
@@ -258,58 +258,3 @@ def _shards(dataloader: DataLoader) -> bool:
     batch_sampler = getattr(dataloader, "batch_sampler", None)
     samplers = (dataloader.sampler, getattr(batch_sampler, "sampler", None))
     return any(isinstance(s, DistributedSampler) for s in samplers)
-
-
-class TrainingMetricsRecorder(pl.Callback):
-    """Logs the sifting statistics through Lightning's loggers (SageMaker's callback name).
-
-    Every ``every_n_steps`` optimizer steps (default: the Trainer's ``log_every_n_steps``) it logs
-    ``sift/keep_rate``, ``sift/samples_seen`` ... (see
-    :func:`~hasten.integrations.metrics.sifting_metrics`) with ``LightningModule.log_dict``, so
-    they reach every logger, ``trainer.callback_metrics`` and ``trainer.logged_metrics``. Counts
-    are summed over ranks first (one small ``all_reduce``, run by every rank at the same step).
-    It finds the sifting loader in ``trainer.train_dataloader``; without one it does nothing.
-
-    Args:
-        every_n_steps: Log every this many optimizer steps (default: ``log_every_n_steps``).
-        prefix: Put before every name (default ``"sift/"``).
-        prog_bar: Also show the keep rate in the progress bar.
-    """
-
-    def __init__(
-        self, every_n_steps: int | None = None, prefix: str = "sift/", prog_bar: bool = False
-    ) -> None:
-        if every_n_steps is not None and (
-            isinstance(every_n_steps, bool)
-            or not isinstance(every_n_steps, int)
-            or every_n_steps < 1
-        ):
-            raise ValueError(f"every_n_steps must be an int >= 1 or None, got {every_n_steps!r}")
-        self.every_n_steps = every_n_steps
-        self.prefix = prefix
-        self.prog_bar = prog_bar
-        self._last_step = -1
-
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        step = trainer.global_step
-        every = self.every_n_steps or trainer.log_every_n_steps or 1
-        if step == self._last_step or step % every:
-            return
-        loader = find_sifting_loader(trainer.train_dataloader)
-        if loader is None:
-            return
-        self._last_step = step
-        metrics = sifting_metrics(loader, self.prefix)
-        keep = f"{self.prefix}keep_rate"
-        if self.prog_bar and keep in metrics:
-            pl_module.log(
-                keep, metrics.pop(keep), prog_bar=True, on_step=True, on_epoch=False, batch_size=1
-            )
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)

@@ -334,6 +334,11 @@ class SiftingCallback(transformers.TrainerCallback):
         if history and history[-1].get("step") == state.global_step:
             history[-1].update(metrics)
 
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        loader = find_sifting_loader(kwargs.get("train_dataloader"))
+        if loader is not None:  # warns once when training ended with nothing sifted
+            loader._check_delay_reached()
+
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         stream = kwargs.get("train_dataloader")
         if not isinstance(stream, SiftedEpochs):

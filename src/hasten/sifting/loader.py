@@ -239,13 +239,19 @@ class SiftingDataloader:
         self._pass_token = 0  # invalidates running data-pass iterators
         self.epoch: int | None = None  # the last value given to set_epoch
         self._looping = False  # a one-pass `for` loop is running (len() is then a hint only)
+        self._unstarted = False  # a one-pass iterator was made but not started yet
+        self._len_provisional: int | None = None  # len() read while it was unstarted
 
     # ------------------------------------------------------------------ protocol
 
     def __iter__(self) -> Iterator[Any]:
         self._token += 1
+        if self._epoch_length is None and self._len_provisional is not None:
+            # len() was read while an unstarted iterator was open (a trainer probing the loader
+            # with iter(), then planning by len()), and now a new loop begins: fix the length
+            self._epoch_length, self._len_provisional = self._len_provisional, None
         if self._epoch_length is None:  # one `for` loop = one data pass
-            self._looping = True
+            self._unstarted = True
             return self._iter_pass()
         return self._run_fixed(self._token)
 
@@ -253,7 +259,9 @@ class SiftingDataloader:
         """Batches in every ``for`` loop over the loader: exact, and fixed when first read.
 
         The first call outside a running ``for`` loop (a trainer reading the length to plan
-        its epochs, ``tqdm(loader)``; not ``list(loader)``, which asks after the loop began)
+        its epochs, ``tqdm(loader)``; not ``list(loader)``, which asks after its loop began:
+        a value read between ``iter()`` and the first batch is fixed only if a new loop
+        starts instead, as when Lightning probes the loader with ``iter()`` before planning)
         computes the expected batches of a data pass at the config's expected
         keep rate: the batches passed through during the sift delay, plus the kept samples of
         the rest divided by the batch size (rounded up, or down under ``drop_last``). From then
@@ -281,8 +289,12 @@ class SiftingDataloader:
             return self._epoch_length
         if self._looping:
             return self._expected_pass_length(observed=True)
-        self._epoch_length = max(1, self._expected_pass_length(observed=False))
-        return self._epoch_length
+        length = max(1, self._expected_pass_length(observed=False))
+        if self._unstarted:  # list(loader) asks here; so does Lightning after probing iter()
+            self._len_provisional = length
+        else:
+            self._epoch_length = length
+        return length
 
     def _expected_pass_length(self, observed: bool) -> int:
         """Expected batches of the next data pass, at the config's expected keep rate (the same
@@ -531,6 +543,7 @@ class SiftingDataloader:
                 "hold no data). Materialize it first: model.to_empty(device='cpu' or 'cuda'), "
                 "then load or initialize its weights; or pass device=<the scoring device>"
             )
+        self._looping, self._unstarted, self._len_provisional = True, False, None
         it = self._begin_epoch(device)
         stats, stage = self.stats, self.stats.stage_seconds
         mark = time.perf_counter()

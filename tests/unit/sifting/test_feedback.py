@@ -168,3 +168,72 @@ def test_no_host_read_per_step_and_a_few_per_epoch(monkeypatch):
     assert steps > 20
     assert not [c for c in calls if c in ("update", "record", "place", "on")], calls
     assert len(calls) <= 3 * 6  # planning and iteration: a handful per epoch, none per step
+
+
+def _table(sampler):
+    t = sampler.table
+    return (
+        t.losses.clone(),
+        t.epoch_seen.clone(),
+        sampler._plan.cursor,
+        sampler.stats.samples_fed_back,
+    )
+
+
+def _unchanged(sampler, before):
+    after = _table(sampler)
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+    assert before[2:] == after[2:]
+
+
+@pytest.mark.parametrize("batch_size", [8, None])  # told, or learned from the first update
+def test_each_update_misuse_raises_at_the_call_with_the_table_unchanged(batch_size):
+    ds = Planted(256)
+    sampler = PruningSampler(ds, _cfg(), seed=0, batch_size=batch_size)
+    it = iter(DataLoader(ds, batch_size=8, sampler=sampler))
+    x, _ = next(it)
+    if batch_size is not None:  # the very first call is checked against the batch size
+        before = _table(sampler)
+        with pytest.raises(ValueError, match=r"received 4 losses, but batch 1 .* has 8 samples"):
+            sampler.update(x[:4].requires_grad_())  # half a batch
+        _unchanged(sampler, before)
+    tokens = x.repeat_interleave(16)  # token-level losses: 16 per sample
+    before = _table(sampler)
+    with pytest.raises(ValueError, match=r"received 128 losses"):
+        sampler.update(tokens)
+    _unchanged(sampler, before)
+    with pytest.raises(TypeError, match="floating-point"):
+        sampler.update(torch.arange(8))  # integer "losses" (labels, say)
+    _unchanged(sampler, before)
+
+    losses = x.clone().requires_grad_()
+    sampler.update(losses)  # the right call
+    before = _table(sampler)
+    with pytest.raises(RuntimeError, match="same losses tensor"):
+        sampler.update(losses)  # a second update for the same batch
+    _unchanged(sampler, before)
+    with pytest.raises(ValueError, match=r"only 0 samples were drawn"):
+        sampler.update(x.clone())  # same batch again, recomputed: nothing new was drawn
+    _unchanged(sampler, before)
+    x2, _ = next(it)
+    with pytest.raises(ValueError, match=r"received 4 losses, but batch 2 .* has 8 samples"):
+        sampler.update(x2[:4])  # half of the next batch
+    _unchanged(sampler, before)
+    sampler.update(x2)
+    assert sampler._plan.cursor == 16
+    order = sampler._plan.order[:16]
+    torch.testing.assert_close(sampler.table.losses[order], ds.planted[order])
+
+
+def test_len_after_a_skipped_set_epoch_warns():
+    ds = Planted(64)
+    sampler = PruningSampler(ds, _cfg(), seed=0)
+    loader = DataLoader(ds, batch_size=8, sampler=sampler)
+    for x, _ in loader:
+        sampler.update(x)
+    stale = len(loader)  # epoch 0's length: set_epoch(1) was skipped
+    with pytest.warns(RuntimeWarning, match=r"set_epoch\(\) was not called after epoch 0"):
+        batches = list(loader)
+    assert len(batches) < stale
+    sampler.set_epoch(2)
+    assert len(loader) == len(list(loader))  # with set_epoch, len() is exact

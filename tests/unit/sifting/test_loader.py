@@ -247,14 +247,21 @@ def test_len_fixes_the_length_of_every_loop_and_loses_no_sample():
 
 def test_len_inside_a_loop_is_an_estimate_and_fixes_nothing():
     sifted = _sift(loader(n=320, batch_size=16, fmt="tensor"), beta=1.0)
-    for rate in (None, "observed"):
+    for _ in range(2):
         it = iter(sifted)
-        # list() asks here: an estimate of this pass, at the expected, then the observed rate
-        expected = 10 if rate is None else math.ceil(sifted.stats.keep_rate * 20)
-        assert len(sifted) == expected
-        out = list(it)
+        assert len(sifted) == 10  # list() asks here, between iter() and the first batch
+        out = [next(it)]
+        assert 5 <= len(sifted) <= 20  # inside a started loop: at the rate observed so far
+        out += list(it)
         assert 5 <= len(out) <= 15
     assert sifted.stats.num_orig_samples_seen == 640  # two whole passes
+    assert len(sifted) == 10  # read outside a loop: fixed from now on
+    assert [len(list(sifted)) for _ in range(2)] == [10, 10]
+
+    probed = _sift(loader(n=320, batch_size=16, fmt="tensor"), beta=1.0)
+    iter(probed)  # Lightning checks the loader is iterable, then plans by len()
+    assert len(probed) == 10
+    assert [len(list(probed)) for _ in range(3)] == [10, 10, 10]
 
 
 class _SizedBatches:
@@ -503,3 +510,19 @@ def test_cuda_scoring_moves_batches_and_accumulates_on_device():
     state = sifted.state_dict()
     assert state["generator"]["device"] == "cuda"
     assert all(c.tensors[0].device.type == "cpu" for c in state["buffer"]["chunks"])
+
+
+def test_sagemaker_logger_name_quiets_or_raises_the_progress_lines(caplog):
+    name = "hasten.smart_sifting.dataloader.sift_dataloader"
+    sm = logging.getLogger(name)
+    try:
+        caplog.set_level(logging.INFO, logger=name)  # as a SageMaker client raises its logger
+        list(_sift(loader(n=64, batch_size=16, fmt="tensor")))
+        lines = [r for r in caplog.records if "num_orig_samples_seen: " in r.getMessage()]
+        assert lines and {r.name for r in lines} == {name}
+        caplog.clear()
+        sm.setLevel(logging.WARNING)  # ... or quiets it
+        list(_sift(loader(n=64, batch_size=16, fmt="tensor")))
+        assert not [r for r in caplog.records if "num_orig_samples_seen" in r.getMessage()]
+    finally:
+        sm.setLevel(logging.NOTSET)

@@ -1,11 +1,12 @@
 """SageMaker's ``smart_sifting.metrics.lightning``: the ``TrainingMetricsRecorder`` callback.
 
-The same class as :class:`hasten.integrations.lightning.TrainingMetricsRecorder`; importing this
-module needs ``lightning`` (``pip install 'hasten[lightning]'``).
+The same class as :class:`hasten.integrations.lightning.TrainingMetricsRecorder`; it works with
+``lightning`` (``lightning.pytorch``) and with the standalone ``pytorch_lightning`` SageMaker's
+examples use (either one installed is enough).
 """
 
 from __future__ import annotations
 
-from hasten.integrations.lightning import TrainingMetricsRecorder
+from hasten.integrations.lightning_metrics import TrainingMetricsRecorder
 
 __all__ = ["TrainingMetricsRecorder"]
