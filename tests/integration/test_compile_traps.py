@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import hasten
+from tests._models import tiny_bert_classifier
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -33,18 +34,9 @@ def _fresh_dynamo():
 
 
 def _bert_classifier():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(
-        num_hidden_layers=1,
-        hidden_size=16,
-        num_attention_heads=2,
-        intermediate_size=32,
-        vocab_size=32,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    pytest.importorskip("transformers")
     torch.manual_seed(0)
-    return transformers.BertForSequenceClassification(cfg)
+    return tiny_bert_classifier(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
 def test_hf_classifier_compiles_once_through_problem_type_and_a_short_batch(caplog):

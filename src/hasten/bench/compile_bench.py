@@ -21,8 +21,8 @@ hasten.compile+compile_step      ``hasten.compile(model)`` and ``hasten.compile_
 ===============================  ===============================================================
 
 At ``bf16`` each name gets a ``-bf16`` suffix: eager and ``torch.compile`` run under
-``torch.autocast(dtype=torch.bfloat16)``, hasten with ``precision="bf16"``. hasten compiles the
-whole model (one region) on this branch.
+``torch.autocast(dtype=torch.bfloat16)``, hasten with ``precision="bf16"``. hasten runs with its
+defaults (``regions="auto"``: the whole model, one region).
 
 Every candidate trains with AdamW (lr 1e-4) on one fixed batch; a step is forward, backward and
 the optimizer update. Model FLOPs are counted once, on the eager model.

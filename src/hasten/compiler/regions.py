@@ -74,6 +74,8 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
                     label, kind, config, record, device, _dtype_of(sub)
                 )
             sub._compiled_call_impl = CompiledForward(sub, shared)
+        for key, shared in codes.items():
+            shared.shared_by = served[key]  # for its compile log line
         note = (
             _fsdp_note(regions, len(codes))
             if fsdp

@@ -134,6 +134,7 @@ class CompiledCode:
         out_dtype: torch.dtype = torch.float32,
     ) -> None:
         self.label = label if label.isidentifier() else "model"
+        self.shared_by = 1  # modules that run this code (regions.py: a block shared by 12)
         self.kind = kind
         self.config = config
         self.record = record
@@ -225,7 +226,10 @@ class CompiledCode:
                     len(self.record.graphs) - graphs,
                     seconds,
                     variant=variant,
-                    details=warm,
+                    details=(
+                        *((f"1 block shared by {self.shared_by}",) if self.shared_by > 1 else ()),
+                        *warm,
+                    ),
                     recompile=recompiled,
                 )
             )

@@ -150,8 +150,9 @@ def _train(model: nn.Module, steps: int = 4) -> list[float]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("glue", ["eager", "compiled"])
-def test_blocks_whole_and_eager_train_alike_fp32(glue, monkeypatch):
+def test_blocks_whole_and_eager_train_alike_fp32(glue, monkeypatch, caplog):
     import copy
+    import logging
 
     import hasten
     from hasten.compiler import regions as r
@@ -163,7 +164,8 @@ def test_blocks_whole_and_eager_train_alike_fp32(glue, monkeypatch):
     whole, blocks = copy.deepcopy(eager), copy.deepcopy(eager)
     hasten.compile(whole, regions="whole")
     hasten.compile(blocks, regions="blocks")
-    runs = {name: _train(m) for name, m in [("eager", eager), ("whole", whole), ("b", blocks)]}
+    with caplog.at_level(logging.INFO, logger="hasten"):
+        runs = {n: _train(m) for n, m in [("eager", eager), ("whole", whole), ("b", blocks)]}
     # fp32: equal up to kernel rounding (fused reductions reorder sums), after 4 AdamW steps
     for name in ("whole", "b"):
         assert runs[name] == pytest.approx(runs["eager"], rel=1e-5, abs=1e-6)
@@ -177,6 +179,10 @@ def test_blocks_whole_and_eager_train_alike_fp32(glue, monkeypatch):
     assert len(report.recompiles) == 0
     assert len(report.graphs) == (1 if glue == "eager" else 4)
     assert any("1 Layer shared by 5" in f for f in report.fixes)
+    # the shared block's compile says so in its one log line
+    assert any(
+        "compiled Layer: 1 graph, 1 block shared by 5, " in r.getMessage() for r in caplog.records
+    )
     assert blocks.state_dict().keys() == eager.state_dict().keys()
 
 

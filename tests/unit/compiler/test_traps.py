@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from hasten.compiler.traps import apply_fixes, unwrap_data_parallel
+from tests._models import tiny_bert_classifier
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -84,15 +85,7 @@ def test_ddp_wrapped_module_is_unwrapped_for_compiling(tmp_path):
 
 
 def _bert_classifier(num_labels: int = 2) -> nn.Module:
-    cfg = transformers.BertConfig(
-        num_hidden_layers=1,
-        hidden_size=16,
-        num_attention_heads=2,
-        intermediate_size=32,
-        vocab_size=32,
-        num_labels=num_labels,
-    )
-    return transformers.BertForSequenceClassification(cfg)
+    return tiny_bert_classifier(num_labels=num_labels)
 
 
 @pytest.mark.parametrize(

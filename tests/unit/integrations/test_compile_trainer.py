@@ -17,17 +17,11 @@ pytest.importorskip("accelerate")
 
 import hasten  # noqa: E402
 from hasten.integrations.transformers import compile_trainer  # noqa: E402
+from tests._models import tiny_bert_classifier  # noqa: E402
 
 
 def _trainer(tmp_path, **args):
-    cfg = transformers.BertConfig(
-        num_hidden_layers=1,
-        hidden_size=16,
-        num_attention_heads=2,
-        intermediate_size=32,
-        vocab_size=32,
-    )
-    model = transformers.BertForSequenceClassification(cfg)
+    model = tiny_bert_classifier()
     data = [{"input_ids": torch.randint(0, 32, (8,)), "labels": torch.tensor(0)}] * 4
     targs = transformers.TrainingArguments(
         str(tmp_path), max_steps=1, report_to=[], use_cpu=True, **args
