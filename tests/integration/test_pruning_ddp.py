@@ -4,7 +4,6 @@ fed back, take the same decision and get the same number of batches every epoch.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -56,8 +55,8 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_ranks_agree_and_get_equal_counts(tmp_path):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def test_ranks_agree_and_get_equal_counts(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the spawned ranks'; not left to later tests
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert ranks[0]["losses"] == ranks[1]["losses"]  # the merged tables agree

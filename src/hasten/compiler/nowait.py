@@ -120,6 +120,10 @@ def start_helper(
                 "variant": variant,
                 "device": code.device_type,
                 "out_dtype": code.out_dtype,
+                # Inductor's CPU kernels are generated for this thread count and it is part of
+                # their cache key: a helper with another count (an inherited OMP_NUM_THREADS)
+                # would fill the cache with kernels this process never finds
+                "threads": torch.get_num_threads(),
             },
             payload,
         )
@@ -127,6 +131,7 @@ def start_helper(
         return f"{type(err).__name__}: {err}"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the caller's imports
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())  # see "threads" in the payload
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "hasten.compiler.nowait", str(payload)],
@@ -172,6 +177,7 @@ def main(path: str) -> None:
     from hasten.compiler.runtime import CompiledCode
 
     p = torch.load(path, weights_only=False)
+    torch.set_num_threads(p["threads"])  # the training process's, whatever the environment says
     module: nn.Module = p["module"]
     module.train(p["variant"].startswith("train"))
     code = CompiledCode(

@@ -65,8 +65,14 @@ def test_start_is_validated():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("regions", ["whole", "blocks"])
-def test_no_wait_start_switches_to_compiled_with_eagers_numerics_fp32(regions, tmp_path):
+def test_no_wait_start_switches_to_compiled_with_eagers_numerics_fp32(
+    regions, tmp_path, monkeypatch
+):
     from torch._dynamo.utils import counters
+
+    # An environment that disagrees with this process's thread count (a launcher's leftover):
+    # the helper must still compile for this process's count, or its kernels are never found.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
     torch.manual_seed(0)
     eager = Net()
