@@ -154,7 +154,8 @@ class OddBatches:
     generic from the first call avoids that but switches off passes that need static shapes
     (``split_at_returned_logits``) and measured slower per step (docs/compiler.md). So the graph
     stays specialized on the first batch size, and a call of another batch size runs eagerly
-    while such calls stay rare: at most one in :attr:`RARE` of the variant's calls. Once they
+    while such calls stay rare: the first one always, later ones while they are at most one in
+    :attr:`RARE` of the variant's calls. Once they
     are not rare (batch sizes that keep changing), the next one goes to TorchDynamo, which
     recompiles with a dynamic batch dimension, and this stops for good.
     """
@@ -177,7 +178,9 @@ class OddBatches:
             return False
         if size == self.size:
             return False
-        if (self.odd + 1) * self.RARE <= self.calls:
+        # the first other size always runs eagerly: a short last batch can come early (a short
+        # epoch or segment; `make demo` saw one at the 2nd call, and recompiling cost 14 s)
+        if self.odd == 0 or (self.odd + 1) * self.RARE <= self.calls:
             self.odd += 1
             return True
         self.active = False  # not rare: let TorchDynamo compile for changing sizes

@@ -139,8 +139,12 @@ def test_a_rare_other_batch_size_runs_eagerly_until_they_are_not_rare():
     sizes = [16] * 8 + [15] + [16] * 8 + [15]
     assert [odd.run_eagerly(s) for s in sizes] == [s == 15 for s in sizes]
     assert odd.size == 16 and odd.odd == 2 and odd.active
-    # batch sizes that keep changing: after the first not-rare one, TorchDynamo gets them all
+    # a short batch as early as the second call (a short epoch) still runs eagerly, once
+    early = OddBatches()
+    assert [early.run_eagerly(s) for s in (32, 31, 32, 32)] == [False, True, False, False]
+    # batch sizes that keep changing: the first other one runs eagerly, then TorchDynamo gets
+    # them all from the first that is not rare
     changing = OddBatches()
     got = [changing.run_eagerly(s) for s in (16, 16, 9, 10, 11)]
-    assert got == [False] * 5 and not changing.active
+    assert got == [False, False, True, False, False] and not changing.active
     assert OddBatches().run_eagerly(None) is False
