@@ -3,38 +3,26 @@ reuses its cache; a failing or stalled compiling rank never hangs the other."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("hasten.compiler")
 
-SCRIPT = Path(__file__).parent / "scripts" / "ddp_compile_once.py"
-ROOT = Path(__file__).parents[2]
+from tests.integration.test_ddp_sifting import torchrun
+
+SCRIPT = "ddp_compile_once.py"
 
 
 def run_job(out: Path, mode: str, timeout: float, nproc: int = 2, model: str = "tiny") -> list:
     """Run the script on ``nproc`` CPU ranks with a fresh Inductor cache; a hang fails the test.
 
     The timeouts are generous: on a loaded 2-core machine one cold compile took minutes."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
-    cmd += ["--standalone", str(SCRIPT), str(out), mode, model]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(out / "inductor-cache")
-    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # every compile's CPU time is counted per rank
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    try:
-        proc = subprocess.run(
-            cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"torchrun did not finish in {timeout} s (a hang?):\n{err.stderr}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+    env = {
+        "TORCHINDUCTOR_CACHE_DIR": str(out / "inductor-cache"),
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",  # every compile's CPU time is counted per rank
+    }
+    return torchrun(SCRIPT, out, timeout, nproc, args=(mode, model), env=env)
 
 
 @pytest.mark.slow

@@ -14,12 +14,20 @@ SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).parents[2]
 
 
-def torchrun(script: str, out: Path, timeout: float, nproc: int = 2) -> list[dict]:
+def torchrun(
+    script: str,
+    out: Path,
+    timeout: float,
+    nproc: int = 2,
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> list[dict]:
     """Run ``script`` on ``nproc`` CPU ranks; a hang fails the test at ``timeout`` seconds.
 
     ``--standalone`` binds the rendezvous store to a port the OS assigns at bind time. A port
     picked free beforehand (``--master-port``) can be taken by another process in between, which
-    on a machine shared with other test runs is not hypothetical.
+    on a machine shared with other test runs is not hypothetical. ``args`` follow ``out`` on the
+    script's command line; ``env`` adds to the environment.
     """
     cmd = [
         sys.executable,
@@ -29,12 +37,13 @@ def torchrun(script: str, out: Path, timeout: float, nproc: int = 2) -> list[dic
         "--standalone",
         str(SCRIPTS / script),
         str(out),
+        *args,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full.get("PYTHONPATH")]))
     try:
         proc = subprocess.run(
-            cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+            cmd, env=full, cwd=ROOT, capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"torchrun did not finish in {timeout} s (a hang?):\n{err.stderr}")
