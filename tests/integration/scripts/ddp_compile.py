@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch._dynamo
 import torch.distributed as dist
+from _leave import leave
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -83,6 +84,7 @@ def main() -> None:
             "trap_graphs": trap_graphs,
         }
         (out / f"rank{rank}.json").write_text(json.dumps(result))
+        leave()  # see _leave.py
     finally:
         dist.destroy_process_group()
 

@@ -15,7 +15,6 @@ the count), the rank gate's outcomes, graphs, fallback and the trained parameter
 from __future__ import annotations
 
 import json
-import os
 import resource
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _leave import leave
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -140,13 +140,7 @@ def main() -> None:
             "param_sum": float(sum(p.detach().double().sum() for p in model.parameters())),
         }
         (out / f"rank{rank}.json").write_text(json.dumps(result))
-        # Leave without tearing the process group down: freeing DDP's Reducer after it can
-        # deadlock in torch 2.13 (the Reducer's destructor joins gloo's worker thread while
-        # holding the GIL, and that thread waits for the GIL to drop a Python object; seen once
-        # here, stacks read with py-spy). Both ranks are past their last collective first.
-        dist.barrier()
-        sys.stdout.flush()
-        os._exit(0)
+        leave()  # see _leave.py
     finally:
         dist.destroy_process_group()
 

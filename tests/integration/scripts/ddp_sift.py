@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _leave import leave
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
@@ -149,12 +150,7 @@ def main() -> None:
             "resumed_stats": resumed_stats,
         }
         (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
-        # Leave without tearing gloo down: at interpreter exit torch 2.13 sometimes aborts
-        # ("terminate called without an active exception", seen once in this test) or deadlocks
-        # (ddp_compile_once.py). Both ranks are past their last collective first.
-        dist.barrier()
-        sys.stdout.flush()
-        os._exit(0)
+        leave()  # see _leave.py
     finally:
         dist.destroy_process_group()
 

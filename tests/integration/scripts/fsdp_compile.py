@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _leave import leave
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
@@ -139,6 +140,7 @@ def main() -> None:
             "root_only": case(mlp, fully_shard, compile_first=False, rank=rank),
         }
         (out / f"rank{rank}.json").write_text(json.dumps(result))
+        leave()  # see _leave.py
     finally:
         dist.destroy_process_group()
 

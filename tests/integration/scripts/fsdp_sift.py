@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _leave import leave
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, DistributedSampler
@@ -76,6 +77,7 @@ def main() -> None:
         diff = max((full[k] - v).abs().max().item() for k, v in replica.state_dict().items())
         result = {"counts": counts, "max_abs_diff": diff, "stats": loader.stats.as_dict()}
         (out / f"rank{rank}.json").write_text(json.dumps(result))
+        leave()  # see _leave.py
     finally:
         dist.destroy_process_group()
 
