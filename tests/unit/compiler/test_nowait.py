@@ -11,6 +11,7 @@ from torch import nn
 import hasten
 from hasten.compiler.api import compile_report
 from hasten.compiler.runtime import HastenCompileWarning
+from tests.unit.compiler.test_regions import train_steps
 
 
 class Layer(nn.Module):
@@ -37,16 +38,7 @@ class Net(nn.Module):  # at module level: the helper process imports it by name
         return self.head(x).mean(dim=1)
 
 
-def _steps(model, opt, g, n):
-    losses = []
-    for _ in range(n):
-        ids, y = torch.randint(0, 16, (4, 6), generator=g), torch.randint(0, 3, (4,), generator=g)
-        loss = nn.functional.cross_entropy(model(ids), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+_steps = train_steps  # the same loop as the regions tests
 
 
 def _code(model):

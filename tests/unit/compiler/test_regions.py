@@ -136,9 +136,13 @@ def test_regions_is_validated():
 
 def _train(model: nn.Module, steps: int = 4) -> list[float]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(1)
+    return train_steps(model, opt, torch.Generator().manual_seed(1), steps)
+
+
+def train_steps(model: nn.Module, opt: torch.optim.Optimizer, g: torch.Generator, n: int):
+    """``n`` AdamW steps on random (4, 6) token batches drawn from ``g``; the losses."""
     losses = []
-    for _ in range(steps):
+    for _ in range(n):
         ids, y = torch.randint(0, 16, (4, 6), generator=g), torch.randint(0, 3, (4,), generator=g)
         loss = nn.functional.cross_entropy(model(ids), y)
         loss.backward()
