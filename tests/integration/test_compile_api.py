@@ -315,3 +315,45 @@ def test_loss_computed_from_returned_logits_gets_no_zero_gradient_for_them():
     torch.testing.assert_close(split(x, labels), eager(x, labels), rtol=RTOL, atol=ATOL)
     for a, b in zip(split.parameters(), eager.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=RTOL, atol=ATOL)
+
+
+class _DropoutLM(nn.Module):
+    """TinyLM with a training dropout: both the split pass and the cheap-dropout pass apply."""
+
+    def __init__(self, vocab: int = 4096) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.drop = nn.Dropout(0.1)
+        self.head = nn.Linear(16, vocab)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.head(self.drop(torch.tanh(self.body(x))))
+        return nn.functional.cross_entropy(logits, labels), logits
+
+
+def test_a_warm_start_of_a_split_graph_with_cheap_dropout_reuses_aotautograd_artifacts(tmp_path):
+    # A split graph used to be compiled through DDPOptimizer's fakify_first_call, and the cheap
+    # dropout pass put a Python function in the graph: AOTAutograd's cache refused both, so
+    # every warm start re-traced and re-partitioned the joint graph (GPT-2 124M: ~9 s).
+    from torch._dynamo.utils import counters
+
+    g = torch.Generator().manual_seed(0)
+    x, labels = torch.randn(256, 8, generator=g), torch.randint(0, 4096, (256,), generator=g)
+    results = []
+    for _ in range(2):  # cold, then warm: a fresh Dynamo state, the same on-disk cache
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = hasten.compile(_DropoutLM(), cache_dir=tmp_path)
+        torch.manual_seed(1)
+        loss, _ = model(x, labels)
+        loss.backward()
+        rep = hasten.compiler.compile_report(model)
+        assert rep.fallback is None
+        assert any(s.changes.get("graphs_split") for s in rep.pass_stats)
+        results.append((loss.detach(), dict(counters["aot_autograd"])))
+    cold, warm = results[0][1], results[1][1]
+    assert cold.get("autograd_cache_bypass", 0) == 0, cold
+    assert cold.get("autograd_cache_miss", 0) == 2, cold  # two parts, both stored
+    assert warm.get("autograd_cache_hit", 0) == 2, warm
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=RTOL, atol=ATOL)  # same seed

@@ -79,6 +79,12 @@ class HastenBackend:
         patches = inductor_patches(
             self.config, _device_type(example_inputs), self._post_grad_hook()
         )
+        marked = _hasten_functions(gm)
+        if marked:
+            patches["unsafe_marked_cacheable_functions"] = {
+                **patches.get("unsafe_marked_cacheable_functions", {}),
+                **marked,
+            }
         with _scoped(self.config):
             ensure_intact(self.config.cache_dir)  # once per process and directory (cache.py)
             if getattr(gm, SPLIT_MARK, False):
@@ -165,23 +171,82 @@ def compile_parts(
 ) -> Callable[..., Any]:
     """Compile each part of a graph a pass split (``submod_*``) with Inductor, on its own.
 
-    TorchDynamo's DDPOptimizer does the same for its gradient buckets; its interpreter is reused:
-    it runs the outer graph on fake tensors, compiles each part with the inputs it receives, and
-    keeps AOTAutograd's per-part metadata apart in Dynamo's tracing context.
+    The outer graph runs on fake tensors; each part is compiled, in order, with the inputs it
+    receives, and the next part's inputs come from running the part's *uncompiled* graph on fake
+    tensors (eager's shapes and strides; Inductor keeps graph outputs at eager strides, and its
+    code checks every input's size and stride, so a mismatch raises instead of computing wrong).
+
+    TorchDynamo's DDPOptimizer instead marks each part's first AOTAutograd call to return fake
+    outputs (``fakify_first_call``), which AOTAutograd's cache refuses to store: with it a warm
+    start re-traced and re-partitioned GPT-2 124M's joint graph (AOTAutogradCache bypassed twice,
+    about 9 s of a 24.5 s profiled warm first call). The backward is lowered eagerly (see
+    :func:`_scoped`), so no per-part metadata has to outlive the compile.
     """
-    from torch._dynamo.backends.distributed import SubmodCompiler
-    from torch._dynamo.utils import _disable_saved_tensors_hooks_during_tracing, detect_fake_mode
+    from unittest import mock
+
+    from torch._dynamo.utils import (
+        _disable_saved_tensors_hooks_during_tracing,
+        deepcopy_to_fake_tensor,
+        detect_fake_mode,
+    )
     from torch._inductor.compile_fx import compile_fx
 
     fake_mode = detect_fake_mode(example_inputs) or torch._subclasses.FakeTensorMode()
 
-    def compile_part(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-        return compile_fx(gm, list(inputs), config_patches=patches)
+    class _Part(torch.nn.Module):
+        def __init__(self, fn: Callable[..., Any]) -> None:
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, *args: Any) -> Any:
+            return self.fn(*args)
+
+    class _PartCompiler(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            args = tuple(
+                torch._dynamo.utils.to_fake_tensor(a, fake_mode)
+                if isinstance(a, torch.Tensor) and not isinstance(a, torch._subclasses.FakeTensor)
+                else a
+                for a in args
+            )
+            if n.op != "call_module":
+                return getattr(self, n.op)(n.target, args, kwargs)
+            part = self.fetch_attr(str(n.target))
+            fake_part = deepcopy_to_fake_tensor(part, fake_mode)  # before compile_fx rewrites it
+            compiled = compile_fx(part, list(args), config_patches=patches)
+            self.module.delete_submodule(str(n.target))
+            n.target = f"compiled_{n.target}"
+            self.module.add_submodule(n.target, _Part(compiled))
+            with fake_mode, mock.patch.object(fake_mode, "allow_non_fake_inputs", True):
+                return fake_part(*args, **kwargs)
 
     with _disable_saved_tensors_hooks_during_tracing():
-        SubmodCompiler(split, compile_part, fake_mode).run(*example_inputs)
+        _PartCompiler(split).run(*example_inputs)
     split.recompile()
     return split
+
+
+def _hasten_functions(gm: torch.fx.GraphModule) -> dict[str, str]:
+    """hasten's own Python functions the pre-grad passes put in ``gm``, keyed by source hash.
+
+    AOTAutograd's cache refuses a graph that calls a Python function it does not know (e.g.
+    ``cheap_dropout``), so without this every warm start re-traced the joint graph. Inductor's
+    ``unsafe_marked_cacheable_functions`` lets named functions in, and its values are part of the
+    cache key: each is the hash of the file that defines the function, so editing it misses.
+    """
+    marked: dict[str, str] = {}
+    for g in (gm, *(m for m in gm.modules() if isinstance(m, torch.fx.GraphModule))):
+        for node in g.graph.nodes:
+            fn = node.target
+            if node.op != "call_function" or not callable(fn):
+                continue
+            module = getattr(fn, "__module__", None) or ""
+            code = getattr(fn, "__code__", None)
+            if module.startswith("hasten.") and code is not None:
+                name = f"{module}.{fn.__name__}"
+                marked[name] = get_hash_for_files((code.co_filename,)).hex()
+    return marked
 
 
 def _device_type(example_inputs: Sequence[Any]) -> str:
