@@ -220,6 +220,7 @@ def compile_trainer(
         trainer.train()
     """
     import hasten
+    import hasten.compiler  # a subpackage: not an attribute of hasten until imported
 
     if not isinstance(trainer, transformers.Trainer):
         raise TypeError(

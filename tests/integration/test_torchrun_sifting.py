@@ -1,54 +1,11 @@
-"""``torchrun --nproc_per_node=2`` on CPU (gloo): sifting under DistributedDataParallel."""
+"""``torchrun --nproc_per_node=2`` on CPU (gloo): sifting under DDP, FSDP2, the HF Trainer and
+Lightning, each rank a real process launched by torchrun."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPTS = Path(__file__).parent / "scripts"
-ROOT = Path(__file__).parents[2]
-
-
-def torchrun(
-    script: str,
-    out: Path,
-    timeout: float,
-    nproc: int = 2,
-    args: tuple[str, ...] = (),
-    env: dict[str, str] | None = None,
-) -> list[dict]:
-    """Run ``script`` on ``nproc`` CPU ranks; a hang fails the test at ``timeout`` seconds.
-
-    ``--standalone`` binds the rendezvous store to a port the OS assigns at bind time. A port
-    picked free beforehand (``--master-port``) can be taken by another process in between, which
-    on a machine shared with other test runs is not hypothetical. ``args`` follow ``out`` on the
-    script's command line; ``env`` adds to the environment.
-    """
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--standalone",
-        str(SCRIPTS / script),
-        str(out),
-        *args,
-    ]
-    full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
-    full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full.get("PYTHONPATH")]))
-    try:
-        proc = subprocess.run(
-            cmd, env=full, cwd=ROOT, capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"torchrun did not finish in {timeout} s (a hang?):\n{err.stderr}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+from tests._helpers import torchrun
 
 
 @pytest.mark.slow
