@@ -59,7 +59,7 @@ import math
 import os
 import pickle
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -72,6 +72,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "`pip install 'hasten[hf]'`"
     ) from err
 
+from hasten.integrations._front_end import is_pruning_config
 from hasten.integrations.epochs import SiftedEpochs, expected_batches
 from hasten.integrations.metrics import (
     find_pruning_sampler,
@@ -82,8 +83,6 @@ from hasten.sifting import (
     PerSampleCrossEntropy,
     PruningSampler,
     SiftingDataloader,
-    StaleRelativePruningConfig,
-    UnbiasedPruningConfig,
     coerce_pruning_config,
 )
 
@@ -162,17 +161,6 @@ def enable_sifting(
     trainer.callback_handler.callbacks.insert(0, SiftingCallback())
     setattr(trainer, _MARK, True)
     return trainer
-
-
-def is_pruning_config(config: Any) -> bool:
-    """Whether ``config`` selects the :class:`~hasten.sifting.PruningSampler` front-end: a
-    pruning config object, or a dict with a ``"policy"`` key naming one."""
-    if isinstance(config, (UnbiasedPruningConfig, StaleRelativePruningConfig)):
-        return True
-    if isinstance(config, Mapping) and "policy" in config:
-        coerce_pruning_config(config)  # an unknown policy or field raises here, naming it
-        return True
-    return False
 
 
 def _enable_loader(
