@@ -252,9 +252,10 @@ def test_setups_the_pruning_front_end_cannot_train_exactly_are_refused(tmp_path)
     with pytest.raises(TypeError, match="map-style"):
         enable_sifting(streaming, _stale())
     # the loader front-end still needs its scoring loss, and says so
+    config = hasten.RelativeProbabilisticSiftConfig(beta_value=1.0, loss_history_length=8)
+    plain = trainer(max_steps=2)
     with pytest.raises(TypeError, match="loss=PerSampleCrossEntropy"):
-        config = hasten.RelativeProbabilisticSiftConfig(beta_value=1.0, loss_history_length=8)
-        enable_sifting(trainer(max_steps=2), config)
+        enable_sifting(plain, config)
     # a dict with a policy picks the pruning front-end
     t = enable_sifting(trainer(), {"policy": "stale_relative", "max_loss_age": None})
     assert isinstance(t.hasten_pruning_sampler.config, hasten.StaleRelativePruningConfig)

@@ -112,3 +112,27 @@ def test_lightning_ddp_resumes_each_rank_from_its_own_sifting_state(tmp_path):
         assert len(r["reference"]) == 15 and r["global_step"] == 15
         # after the mid-epoch checkpoint (step 7), each rank trained on its own next batches
         assert r["resumed"] == r["reference"][7:]
+
+
+@pytest.mark.slow
+def test_hf_trainer_with_the_pruning_sampler_under_torchrun(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    ranks = torchrun("ddp_hf_pruning.py", tmp_path, timeout=240)
+    r0, r1 = ranks
+    # both ranks took the same pruning decisions and the same number of steps (no hang)
+    assert r0["fractions"] == r1["fractions"]
+    assert r0["fractions"][0] == 1.0 == r0["fractions"][-1]  # unseen / annealed epoch
+    assert min(r0["fractions"]) < 0.9
+    assert r0["global_step"] == r1["global_step"] > 0
+    assert len(r0["trained"]) == len(r1["trained"])
+    # the sampler sharded each epoch: the ranks' first epochs are disjoint halves of the data
+    # (Accelerate did not shard it a second time, which would have left a quarter each)
+    per_rank_epoch0 = -(-45 // 4)  # 45 samples per rank, batches of 4
+    seen0 = [{i for b in r["trained"][:per_rank_epoch0] for i in b} for r in ranks]
+    assert seen0[0] | seen0[1] == set(range(90)) and not seen0[0] & seen0[1]
+    # every loss fed back landed on its sample, merged over the ranks
+    assert r0["losses_match"] and r1["losses_match"]
+    # the logged counts are global: the same on both ranks, feedback summed
+    assert r0["logged"]["sift/samples_fed_back"] == r1["logged"]["sift/samples_fed_back"]
+    assert r0["logged"]["sift/samples_fed_back"] <= r0["fed_back"] + r1["fed_back"]

@@ -374,12 +374,20 @@ def _per_sample_loss(loss: Any) -> Callable[[Any, Any], torch.Tensor]:
 
 def _unshard(loader: Any, sampler: PruningSampler) -> None:
     """Make Accelerate's batch sharding of ``loader`` a pass-through: the pruning sampler
-    already gives this rank its own shard."""
+    already gives this rank its own shard (and it must not pad a short last batch with repeats,
+    whose losses would have no index of this epoch to go to)."""
     shard = getattr(loader, "batch_sampler", None)
     inner = getattr(shard, "batch_sampler", None)
     if hasattr(shard, "num_processes") and getattr(inner, "sampler", None) is sampler:
+        if getattr(shard, "split_batches", False):
+            raise ValueError(
+                "Accelerate's split_batches splits each batch across the processes, and the "
+                "pruning sampler already gives every process its own shard: turn "
+                "split_batches off (accelerator_config={'split_batches': False})"
+            )
         shard.num_processes = 1
         shard.process_index = 0
+        shard.even_batches = False
 
 
 class _PrunedPasses:
