@@ -136,3 +136,19 @@ def test_hf_trainer_with_the_pruning_sampler_under_torchrun(tmp_path):
     # the logged counts are global: the same on both ranks, feedback summed
     assert r0["logged"]["sift/samples_fed_back"] == r1["logged"]["sift/samples_fed_back"]
     assert r0["logged"]["sift/samples_fed_back"] <= r0["fed_back"] + r1["fed_back"]
+
+
+@pytest.mark.slow
+def test_lightning_ddp_with_the_pruning_callback(tmp_path):
+    pytest.importorskip("lightning")
+    ranks = torchrun("ddp_lightning_pruning.py", tmp_path, timeout=240)
+    r0, r1 = ranks
+    assert r0["fractions"] == r1["fractions"]  # the same decisions on both ranks
+    assert r0["fractions"][0] == 1.0 == r0["fractions"][-1] and min(r0["fractions"]) < 0.9
+    assert len(r0["trained"]) == len(r1["trained"]) and r0["global_step"] == r1["global_step"]
+    # epoch 0: the sampler's disjoint halves (Lightning added no DistributedSampler on top)
+    per_rank = -(-45 // 4)
+    seen0 = [{i for b in r["trained"][:per_rank] for i in b} for r in ranks]
+    assert seen0[0] | seen0[1] == set(range(90)) and not seen0[0] & seen0[1]
+    assert r0["losses_match"] and r1["losses_match"]
+    assert r0["logged_fed_back"] == r1["logged_fed_back"] == r0["fed_back"] + r1["fed_back"]
