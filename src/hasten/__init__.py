@@ -5,8 +5,8 @@ Two switches, two lines each, that compose::
     import hasten
 
     model = hasten.compile(model)  # training compiler on TorchDynamo/AOTAutograd/Inductor
-    sampler = hasten.PruningSampler(train_set, hasten.StaleRelativePruningConfig(), num_epochs=E)
-    # sifting: DataLoader(train_set, sampler=sampler); in the step, loss = sampler.update(losses)
+    sampler = hasten.PruningSampler(train_set, hasten.StaleRelativePruningConfig(max_loss_age=None))
+    loss = sampler.update(per_sample_losses)  # sifting: DataLoader(..., sampler=sampler), in the step
 
 Sifting has two front-ends over one set of rules: ``PruningSampler`` (per epoch, from the
 losses the training step feeds back; needs a map-style dataset) and ``SiftingDataloader``
