@@ -259,3 +259,40 @@ def test_setups_the_pruning_front_end_cannot_train_exactly_are_refused(tmp_path)
     # a dict with a policy picks the pruning front-end
     t = enable_sifting(trainer(), {"policy": "stale_relative", "max_loss_age": None})
     assert isinstance(t.hasten_pruning_sampler.config, hasten.StaleRelativePruningConfig)
+
+
+@pytest.mark.slow
+def test_the_unbiased_rules_reweighted_loss_is_what_the_trainer_backpropagates(tmp_path):
+    ga = 2
+    trainer = Recording(
+        model=Model(),
+        args=_args(tmp_path, num_train_epochs=3, gradient_accumulation_steps=ga),
+        train_dataset=Tokens(),
+    )
+    enable_sifting(trainer, hasten.UnbiasedPruningConfig(prune_ratio=0.5, anneal_fraction=0.0))
+    sampler = trainer.hasten_pruning_sampler
+    returned = []  # (plain mean, what update returned) per micro-batch
+    update = sampler.update
+
+    def recording_update(losses, indices=None):
+        out = update(losses, indices)
+        returned.append((losses.detach().mean().item(), out.detach().item()))
+        return out
+
+    sampler.update = recording_update
+    stepped = []
+    step = trainer.training_step
+
+    def recording_step(*a, **kw):
+        stepped.append(step(*a, **kw).item())  # the loss the Trainer backpropagated
+        return stepped[-1] * torch.ones(())
+
+    trainer.training_step = recording_step
+    trainer.train()
+    assert len(returned) == len(stepped) == len(trainer.rows)
+    # the Trainer backpropagated update()'s weighted mean, divided by the step's micro-batches
+    # (the full epoch's 13th batch is alone in its step)
+    for (_, weighted), loss in zip(returned, stepped):
+        assert loss * ga == pytest.approx(weighted, rel=1e-6) or loss == pytest.approx(weighted)
+    # in the pruned epochs the kept low-loss samples weigh 2: the weighted mean is larger
+    assert any(w > m * 1.01 for m, w in returned[13:])

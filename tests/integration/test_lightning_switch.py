@@ -133,7 +133,28 @@ def test_pruning_by_steps_takes_exactly_max_steps(package, tmp_path):
     sifting = Sifting(hasten.UnbiasedPruningConfig(prune_ratio=0.7, anneal_fraction=0.0))
     trainer = _trainer(pl, tmp_path, [sifting], max_steps=35)
     loader = DataLoader(PlantedDataset(N), batch_size=BATCH, shuffle=True)
+    returned, backpropagated = [], []
+    update = None
+
+    class Spy(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            nonlocal update
+            update = sifting.sampler.update
+
+            def recording(losses, indices=None):
+                returned.append(update(losses, indices))
+                return returned[-1]
+
+            sifting.sampler.update = recording
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            backpropagated.append(outputs["loss"])
+
+    trainer.callbacks.append(Spy())
     trainer.fit(module, train_dataloaders=loader)  # loaders given to fit() work too
+    # the loss Lightning trained on is update()'s (reweighted, for the unbiased rule) mean
+    assert len(returned) == len(backpropagated) == 35
+    assert all(a is b or torch.equal(a, b) for a, b in zip(returned, backpropagated))
     assert trainer.global_step == 35 == trainer.estimated_stepping_batches
     assert len(module.trained) == 35
     assert len(sifting.sampler.stats.epoch_kept_fractions) >= 3
