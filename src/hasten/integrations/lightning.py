@@ -565,6 +565,9 @@ class Sifting(TrainingMetricsRecorder):
     def _catch_up_schedules(self, trainer: Any, done: int) -> None:
         """Advance step schedulers to the steps a full-data fit would have taken by now."""
         accumulate = max(1, int(trainer.accumulate_grad_batches))
+        if not self._epoch_batches and self._loader is not None:
+            # resumed mid-epoch: Lightning skips on_train_epoch_start; the restored plan's length
+            self._epoch_batches = len(self._loader)
         m = self._epoch_batches
         if m <= 0 or not self._planned or (done % accumulate and done < m):
             return  # not at an optimizer step
