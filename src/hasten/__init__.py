@@ -5,7 +5,13 @@ Two switches, two lines each, that compose::
     import hasten
 
     model = hasten.compile(model)  # training compiler on TorchDynamo/AOTAutograd/Inductor
-    loader = hasten.SiftingDataloader(sift_config, loader, loss_impl=loss, model=model)  # smart sifting
+    sampler = hasten.PruningSampler(train_set, hasten.StaleRelativePruningConfig(max_loss_age=None))
+    loss = sampler.update(per_sample_losses)  # sifting: DataLoader(..., sampler=sampler), in the step
+
+Sifting has two front-ends over one set of rules: ``PruningSampler`` (per epoch, from the
+losses the training step feeds back; needs a map-style dataset) and ``SiftingDataloader``
+(SageMaker's API: wraps any DataLoader and scores each batch with an extra forward). See
+``docs/sifting.md`` for which to use when.
 
 Public names are imported lazily, so ``import hasten`` costs little more than ``import torch``.
 """
@@ -24,20 +30,31 @@ _LAZY: dict[str, str] = {
     "explain": "hasten.compiler.api",
     "verify": "hasten.compiler.api",
     "CompileConfig": "hasten.compiler.config",
-    "SiftingDataloader": "hasten.sifting.loader",
-    "RelativeProbabilisticSiftConfig": "hasten.sifting.config",
-    "LossConfig": "hasten.sifting.config",
-    "SiftingBaseConfig": "hasten.sifting.config",
-    "Loss": "hasten.sifting.loss",
+    # sifting names resolve through the package, whatever module defines them
+    "PruningSampler": "hasten.sifting",
+    "UnbiasedPruningConfig": "hasten.sifting",
+    "StaleRelativePruningConfig": "hasten.sifting",
+    "Scorer": "hasten.sifting",
+    "SiftingDataloader": "hasten.sifting",
+    "RelativeProbabilisticSiftConfig": "hasten.sifting",
+    "LossConfig": "hasten.sifting",
+    "SiftingBaseConfig": "hasten.sifting",
+    "Loss": "hasten.sifting",
+    "PerSampleCrossEntropy": "hasten.sifting",
 }
 
 __all__ = [
     "CompileConfig",
     "Loss",
     "LossConfig",
+    "PerSampleCrossEntropy",
+    "PruningSampler",
     "RelativeProbabilisticSiftConfig",
+    "Scorer",
     "SiftingBaseConfig",
     "SiftingDataloader",
+    "StaleRelativePruningConfig",
+    "UnbiasedPruningConfig",
     "__version__",
     "compile",
     "compile_step",
@@ -62,6 +79,15 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from hasten.compiler.api import compile, compile_step, explain, verify
     from hasten.compiler.config import CompileConfig
-    from hasten.sifting.config import LossConfig, RelativeProbabilisticSiftConfig, SiftingBaseConfig
-    from hasten.sifting.loader import SiftingDataloader
-    from hasten.sifting.loss import Loss
+    from hasten.sifting import (
+        Loss,
+        LossConfig,
+        PerSampleCrossEntropy,
+        PruningSampler,
+        RelativeProbabilisticSiftConfig,
+        Scorer,
+        SiftingBaseConfig,
+        SiftingDataloader,
+        StaleRelativePruningConfig,
+        UnbiasedPruningConfig,
+    )

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("hasten.compiler")
 
-from tests.integration.test_ddp_sifting import torchrun
+from tests._helpers import torchrun
 
 
 @pytest.mark.slow

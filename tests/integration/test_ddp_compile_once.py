@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("hasten.compiler")
 
-from tests.integration.test_ddp_sifting import torchrun
+from tests._helpers import torchrun
 
 SCRIPT = "ddp_compile_once.py"
 

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("hasten.compiler")
 
-from tests.integration.test_ddp_sifting import torchrun
+from tests._helpers import torchrun
 
 # fp32, Inductor vs eager: reordered reductions only, over 4 AdamW steps
 LOSS_RTOL, PARAM_ATOL = 1e-4, 1e-5

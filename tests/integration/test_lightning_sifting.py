@@ -13,7 +13,7 @@ L = pytest.importorskip("lightning.pytorch")
 from hasten.integrations.epochs import SiftedEpochs  # noqa: E402
 from hasten.integrations.lightning import sifting_dataloader  # noqa: E402
 from hasten.smart_sifting.metrics.lightning import TrainingMetricsRecorder  # noqa: E402
-from tests.unit.sifting._helpers import (  # noqa: E402
+from tests._helpers import (  # noqa: E402
     PlantedDataset,
     planted_loss,
     sift_config,

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 from hasten.sifting import PruningSampler, UnbiasedPruningConfig
-from tests.unit.sifting.test_feedback import Planted
+from tests._helpers import Planted
 
 WORLD = 2
 EPOCHS = 4

@@ -26,7 +26,7 @@ from hasten.smart_sifting.sift_config.sift_configs import (
     RelativeProbabilisticSiftConfig,
     SiftingBaseConfig,
 )
-from tests.unit.sifting._helpers import RecordingDataset, complete_passes, tiny_model
+from tests._helpers import RecordingDataset, complete_passes, tiny_model
 
 SAGEMAKER_LOGGER = "hasten.smart_sifting.dataloader.sift_dataloader"
 REGEXES = {  # the metric definitions of AWS's example notebooks

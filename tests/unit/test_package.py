@@ -28,3 +28,21 @@ def test_import_does_not_pull_heavy_optional_packages():
 
 def test_all_lists_exactly_the_lazy_names():
     assert set(hasten.__all__) - {"__version__"} == set(hasten._LAZY)
+
+
+def test_both_sifting_front_ends_are_reachable_from_the_top_level():
+    """What the two-line paths need, the same objects as hasten.sifting's."""
+    import hasten.sifting
+
+    for name in (
+        "PruningSampler",
+        "UnbiasedPruningConfig",
+        "StaleRelativePruningConfig",
+        "PerSampleCrossEntropy",
+        "Scorer",
+        "SiftingDataloader",
+        "RelativeProbabilisticSiftConfig",
+        "Loss",
+    ):
+        assert getattr(hasten, name) is getattr(hasten.sifting, name), name
+        assert name in dir(hasten)

@@ -1,6 +1,20 @@
-"""Smart sifting in Lightning: a sifting loader from a ``LightningDataModule``, and its metrics.
+"""Smart sifting in Lightning: the :class:`Sifting` callback, or a sifting loader from a
+``LightningDataModule``, and the metrics callback.
 
-The loader scores samples with the model being trained, so it needs the ``LightningModule``. A
+The one switch, either front-end, nothing else edited::
+
+    trainer = L.Trainer(max_epochs=8, callbacks=[Sifting(StaleRelativePruningConfig())])
+    # the LightningModule's training_step returns {"loss": loss, "per_sample_loss": losses}
+
+    trainer = L.Trainer(max_epochs=3, callbacks=[Sifting(sift_config, loss=PerSampleCrossEntropy())])
+
+:class:`Sifting` takes the train dataloader wherever it comes from (DataModule, module, or
+``trainer.fit(train_dataloaders=...)``) as Lightning requests it, and either puts a
+:class:`~hasten.sifting.PruningSampler` under it (a pruning config) or wraps it with
+:func:`sifting_dataloader` (a loader config); it logs the statistics as
+:class:`TrainingMetricsRecorder` does. Works with ``lightning.pytorch`` and ``pytorch_lightning``.
+
+The DataModule helper, for code that builds its own sifting loader: the loader scores samples with the model being trained, so it needs the ``LightningModule``. A
 ``LightningDataModule`` reaches it through ``self.trainer.lightning_module`` once the Trainer has
 attached both, which is the case when Lightning calls ``train_dataloader()``::
 
@@ -48,29 +62,52 @@ Trainer and the sifting scorer then both run the compiled module.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import math
+from collections.abc import Iterator, Mapping
 from typing import Any
-
-try:
-    import lightning.pytorch as pl
-except ImportError as err:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "hasten's Lightning integration needs lightning; install it with "
-        "`pip install 'hasten[lightning]'`"
-    ) from err
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
+from hasten.integrations._front_end import is_pruning_config
 from hasten.integrations.epochs import SiftedEpochs, expected_batches
 from hasten.integrations.lightning_metrics import TrainingMetricsRecorder
-from hasten.sifting.loader import SiftingDataloader
+from hasten.sifting import (
+    PruningSampler,
+    SiftingDataloader,
+    coerce_pruning_config,
+    coerce_sift_config,
+)
 
-__all__ = ["TrainingMetricsRecorder", "sifting_dataloader"]
+__all__ = ["Sifting", "TrainingMetricsRecorder", "sifting_dataloader"]
+
+# the Lightning distributions installed: the unified package and the standalone one
+_PACKAGES: dict[str, Any] = {}
+for _name in ("lightning.pytorch", "pytorch_lightning"):
+    try:
+        _PACKAGES[_name] = importlib.import_module(_name)
+    except ImportError:
+        continue
+if not _PACKAGES:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "hasten's Lightning integration needs lightning (`pip install 'hasten[lightning]'`) or "
+        "pytorch_lightning"
+    )
+_TRAINERS = tuple(pkg.Trainer for pkg in _PACKAGES.values())
+
+
+def _package_of(trainer: Any) -> Any:
+    """The Lightning package ``trainer`` comes from (``lightning.pytorch`` or
+    ``pytorch_lightning``)."""
+    name = "pytorch_lightning" if type(trainer).__module__.startswith("pytorch_lightning") else None
+    return _PACKAGES.get(name or "lightning.pytorch") or next(iter(_PACKAGES.values()))
 
 
 def sifting_dataloader(
-    trainer: pl.Trainer,
+    trainer: Any,
     dataloader: DataLoader,
     sift_config: Any,
     loss: Any,
@@ -102,7 +139,7 @@ def sifting_dataloader(
         TypeError: ``trainer`` is not a Lightning ``Trainer``.
         ValueError: no model: the Trainer has no ``LightningModule`` attached yet.
     """
-    if not isinstance(trainer, pl.Trainer):
+    if not isinstance(trainer, _TRAINERS):
         raise TypeError(
             f"sifting_dataloader needs the Lightning Trainer (self.trainer in a DataModule), got "
             f"{type(trainer).__name__}"
@@ -178,7 +215,7 @@ def _gather(state: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _restore_at_epoch_boundary(trainer: pl.Trainer, stream: SiftedEpochs) -> None:
+def _restore_at_epoch_boundary(trainer: Any, stream: Any) -> None:
     """Load the stream state of a checkpoint saved at an epoch boundary.
 
     Lightning restores train dataloader states only when it resumes mid-epoch (or trains by
@@ -225,7 +262,7 @@ class _WithoutState:
         return repr(self.stream)
 
 
-def _attached_module(trainer: pl.Trainer) -> nn.Module:
+def _attached_module(trainer: Any) -> nn.Module:
     module = trainer.lightning_module
     if module is None:
         raise ValueError(
@@ -236,7 +273,7 @@ def _attached_module(trainer: pl.Trainer) -> nn.Module:
     return module
 
 
-def _with_distributed_sampler(trainer: pl.Trainer, dataloader: DataLoader) -> DataLoader:
+def _with_distributed_sampler(trainer: Any, dataloader: DataLoader) -> DataLoader:
     """``dataloader`` as Lightning would shard it had it been returned directly."""
     connector = getattr(trainer, "_data_connector", None)
     prepare = getattr(connector, "_prepare_dataloader", None)
@@ -247,14 +284,382 @@ def _with_distributed_sampler(trainer: pl.Trainer, dataloader: DataLoader) -> Da
                 "Lightning version; build the DataLoader with sampler=DistributedSampler(dataset)"
             )
         return dataloader
-    from lightning.pytorch.trainer.states import RunningStage
-
-    return prepare(dataloader, shuffle=True, mode=RunningStage.TRAINING)
+    states = importlib.import_module(f"{_package_of(trainer).__name__}.trainer.states")
+    return prepare(dataloader, shuffle=True, mode=states.RunningStage.TRAINING)
 
 
 def _shards(dataloader: DataLoader) -> bool:
-    from torch.utils.data import DistributedSampler
-
     batch_sampler = getattr(dataloader, "batch_sampler", None)
     samplers = (dataloader.sampler, getattr(batch_sampler, "sampler", None))
     return any(isinstance(s, DistributedSampler) for s in samplers)
+
+
+# ---------------------------------------------------------------------------------- the switch
+
+_PRUNED_SAMPLERS = (RandomSampler, SequentialSampler, DistributedSampler)
+
+
+class Sifting(TrainingMetricsRecorder):
+    """Sift a Lightning fit from ``Trainer(callbacks=[Sifting(config, ...)])``: no DataModule or
+    module code changes beyond handing over per-sample losses for a pruning config.
+
+    The config picks the front-end:
+
+    * **A pruning config** (:class:`~hasten.sifting.StaleRelativePruningConfig`,
+      :class:`~hasten.sifting.UnbiasedPruningConfig`, or a dict with ``"policy"``): the train
+      ``DataLoader`` is rebuilt with a :class:`~hasten.sifting.PruningSampler` as its sampler
+      (same dataset, batch size, collate function, workers ...; the sampler shuffles and, under
+      DDP, gives each rank an equal shard itself). The module's ``training_step`` hands its
+      per-sample losses over by returning them beside the loss::
+
+          def training_step(self, batch, batch_idx):
+              losses = F.cross_entropy(self(x), y, reduction="none")
+              return {"loss": losses.mean(), "per_sample_loss": losses}
+
+      and the callback replaces ``"loss"`` with ``sampler.update(per_sample_loss)`` — the
+      (for the unbiased rule, reweighted) mean — before Lightning's backward. Why this way: the
+      losses come from the step's own forward (no extra one), the module stays a plain
+      LightningModule that trains without the callback, and returning the weighted loss is the
+      only point before the backward a callback can change it (``on_before_backward`` sees the
+      loss but cannot replace it). Lightning calls the sampler's ``set_epoch``; each epoch is one
+      pruned epoch, shorter than a full one. Train by ``max_epochs`` (the saving: fewer steps)
+      or by ``max_steps`` (exactly that many steps; needs ``anneal_fraction=0``).
+    * **A loader config** (:class:`~hasten.sifting.RelativeProbabilisticSiftConfig`): the train
+      dataloader is wrapped with :func:`sifting_dataloader` (scoring every batch with ``loss``,
+      an extra forward), which keeps Lightning's plan exact.
+
+    Schedules: Lightning's ``estimated_stepping_batches`` counts full epochs. Training a
+    pruning config by ``max_epochs`` takes fewer steps, so after every optimizer step the
+    callback advances each ``interval="step"`` learning-rate scheduler to the steps a full-data
+    run would have taken at this point of the fit: a schedule sized by
+    ``estimated_stepping_batches`` (``OneCycleLR(total_steps=...)``, warm-up + decay) ends when
+    the fit does. In full-data epochs that is the step just taken, so nothing changes.
+
+    Checkpoints hold the sampler's state (every rank's, gathered into rank 0's checkpoint), so
+    ``fit(ckpt_path=...)`` resumes the exact stream, mid-epoch or at an epoch boundary.
+
+    Args:
+        config: A pruning config or a loader config (see above).
+        loss: Loader config only, required: the per-sample loss the loader scores with
+            (:class:`~hasten.sifting.PerSampleCrossEntropy`, a ``Loss`` or ``fn(model,
+            batch)``).
+        seed: Pruning config: the sampler's seed (the same on every rank).
+        shuffle: Pruning config: shuffle the kept indices every epoch.
+        scorer: Pruning config: rescoring of stale losses (``max_loss_age``), see
+            :class:`~hasten.sifting.PruningSampler`.
+        loss_key: Pruning config: the key of ``training_step``'s output holding the losses.
+        epoch_length: Loader config: batches per epoch (see :func:`sifting_dataloader`).
+        checkpoint: Save and restore the sifting state with Lightning's checkpoints.
+        every_n_steps, prefix, prog_bar: Logging, as :class:`TrainingMetricsRecorder`.
+        **loader_kwargs: Loader config: :class:`~hasten.sifting.SiftingDataloader` keywords.
+
+    Attributes:
+        sampler: The :class:`~hasten.sifting.PruningSampler` (pruning config, once the fit has
+            requested its train dataloader), else ``None``.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        loss: Any = None,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        scorer: Any = None,
+        loss_key: str = "per_sample_loss",
+        epoch_length: int | None = None,
+        checkpoint: bool = True,
+        every_n_steps: int | None = None,
+        prefix: str = "sift/",
+        prog_bar: bool = False,
+        **loader_kwargs: Any,
+    ) -> None:
+        super().__init__(every_n_steps=every_n_steps, prefix=prefix, prog_bar=prog_bar)
+        self.pruning = is_pruning_config(config)
+        if self.pruning:
+            self.config = coerce_pruning_config(config)
+            if loss is not None or loader_kwargs or epoch_length is not None:
+                raise TypeError(
+                    "a pruning config trains on the losses training_step returns (as "
+                    f"{loss_key!r}): loss=, epoch_length= and SiftingDataloader keywords belong "
+                    "to a loader config"
+                )
+        else:
+            self.config = coerce_sift_config(config)
+            if loss is None:
+                raise TypeError(
+                    "a SiftingDataloader config scores every batch with a per-sample loss: pass "
+                    "Sifting(config, loss=PerSampleCrossEntropy()) (or your own)"
+                )
+        self.loss = loss
+        self.seed = seed
+        self.shuffle = shuffle
+        self.scorer = scorer
+        self.loss_key = loss_key
+        self.epoch_length = epoch_length
+        self.checkpoint = checkpoint
+        self.loader_kwargs = loader_kwargs
+        self.sampler: PruningSampler | None = None
+        self._loader: _PrunedLoader | None = None
+        self._undo: list[Any] = []
+        self._planned = 0  # batches of a full epoch, what Lightning plans by
+        self._epoch_batches = 0  # batches of the epoch in progress
+
+    # ------------------------------------------------------------------ hooks
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if str(getattr(stage, "value", stage)) != "fit":
+            return
+        if self.pruning and not pl_module.automatic_optimization:
+            raise ValueError(
+                "Sifting with a pruning config replaces the loss training_step returns, which "
+                "manual optimization does not use: call loss = callback.sampler.update("
+                "per_sample_losses) in training_step yourself, and backpropagate that"
+            )
+        self._patch_data_source(trainer, pl_module)
+        if self.pruning:
+            self._patch_training_step(pl_module)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if str(getattr(stage, "value", stage)) != "fit":
+            return
+        while self._undo:
+            self._undo.pop()()
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.pruning and self._loader is not None:
+            self._epoch_batches = len(self._loader)  # planned by now (Lightning's set_epoch)
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self.pruning and self.sampler is not None and trainer.max_steps == -1:
+            self._catch_up_schedules(trainer, batch_idx + 1)
+
+    # ------------------------------------------------------------------ data
+
+    def _patch_data_source(self, trainer: Any, pl_module: Any) -> None:
+        source = getattr(trainer.fit_loop, "_data_source", None)
+        if source is not None and callable(getattr(source, "dataloader", None)):
+            original = source.dataloader  # DataModule's, module's or fit()'s loaders alike
+            source.dataloader = lambda: self._wrap(trainer, pl_module, original())
+            self._undo.append(lambda: vars(source).pop("dataloader", None))
+            return
+        owner = trainer.datamodule if trainer.datamodule is not None else pl_module
+        hook = owner.train_dataloader  # a Lightning without the data source: the hook itself
+
+        @functools.wraps(hook)
+        def train_dataloader() -> Any:
+            return self._wrap(trainer, pl_module, hook())
+
+        owner.train_dataloader = train_dataloader
+        self._undo.append(lambda: vars(owner).pop("train_dataloader", None))
+
+    def _wrap(self, trainer: Any, pl_module: Any, loader: Any) -> Any:
+        if isinstance(loader, (Mapping, list, tuple)):
+            raise TypeError(
+                f"Sifting sifts one train dataloader, got a {type(loader).__name__} of "
+                "them; return the one to sift from train_dataloader()"
+            )
+        if not self.pruning:
+            return sifting_dataloader(
+                trainer,
+                loader,
+                self.config,
+                self.loss,
+                model=pl_module,
+                epoch_length=self.epoch_length,
+                checkpoint=self.checkpoint,
+                **self.loader_kwargs,
+            )
+        loader = self._pruned_loader(trainer, loader)
+        if self.checkpoint:
+            _restore_at_epoch_boundary(trainer, loader)
+        return loader
+
+    def _pruned_loader(self, trainer: Any, loader: Any) -> _PrunedLoader:
+        if not isinstance(loader, DataLoader):
+            raise TypeError(
+                f"Sifting with a pruning config puts a sampler under the train DataLoader, got a "
+                f"{type(loader).__name__}; return a torch DataLoader from train_dataloader(), or "
+                "use a loader config (RelativeProbabilisticSiftConfig)"
+            )
+        dataset = loader.dataset
+        if isinstance(dataset, torch.utils.data.IterableDataset) or loader.batch_size is None:
+            raise TypeError(
+                "the pruning sampler picks dataset indices: it needs a map-style dataset and a "
+                "DataLoader built with batch_size= (no custom batch_sampler); use a loader "
+                "config (RelativeProbabilisticSiftConfig) otherwise"
+            )
+        if not isinstance(loader.sampler, _PRUNED_SAMPLERS):
+            raise TypeError(
+                f"the train DataLoader has a {type(loader.sampler).__name__}, which the pruning "
+                "sampler would replace; build the DataLoader with shuffle=True (or no sampler)"
+            )
+        if self.sampler is None:
+            self.sampler = self._make_sampler(trainer, dataset, loader.batch_size)
+        elif self.sampler.size != len(dataset):
+            raise ValueError(
+                f"the reloaded train dataset has {len(dataset)} samples, the pruning sampler "
+                f"{self.sampler.size}: reloading must keep the dataset"
+            )
+        rebuilt = _with_sampler(loader, self.sampler)
+        if not self._planned:
+            self._planned = len(rebuilt)  # the first epoch: all data
+        cls = _StatefulPrunedLoader if self.checkpoint else _PrunedLoader
+        self._loader = cls(rebuilt, self.sampler)
+        return self._loader
+
+    def _make_sampler(self, trainer: Any, dataset: Any, batch_size: int) -> PruningSampler:
+        by_epochs = trainer.max_epochs is not None and trainer.max_epochs > 0
+        anneal = float(getattr(self.config, "anneal_fraction", 0.0))
+        if not by_epochs and anneal > 0:
+            raise ValueError(
+                f"{type(self.config).__name__}(anneal_fraction={anneal}) trains the last epochs "
+                f"on all data, but the Trainer trains by max_steps={trainer.max_steps} with no "
+                "max_epochs, so the number of epochs is not known: pass max_epochs, or set "
+                "anneal_fraction=0"
+            )
+        return PruningSampler(
+            dataset,
+            self.config,
+            num_epochs=trainer.max_epochs if by_epochs else None,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            scorer=self.scorer,
+            num_replicas=trainer.world_size,
+            rank=trainer.global_rank,
+            batch_size=batch_size,
+        )
+
+    # ------------------------------------------------------------------ feedback
+
+    def _patch_training_step(self, pl_module: Any) -> None:
+        original = pl_module.training_step
+        key = self.loss_key
+
+        @functools.wraps(original)
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            losses = out.get(key) if isinstance(out, Mapping) else None
+            if losses is None:
+                raise ValueError(
+                    f"Sifting with a pruning config needs training_step to return its "
+                    f"per-sample losses: return {{'loss': losses.mean(), {key!r}: losses}} "
+                    "with losses = the step's loss per sample (reduction='none'); got "
+                    f"{type(out).__name__}"
+                )
+            if self.sampler is None:
+                raise RuntimeError(
+                    "training_step ran before the pruning sampler was built: Sifting builds it "
+                    "when Lightning requests the train dataloader"
+                )
+            return {**out, "loss": self.sampler.update(losses)}
+
+        pl_module.training_step = training_step
+        self._undo.append(lambda: vars(pl_module).pop("training_step", None))
+
+    # ------------------------------------------------------------------ schedules
+
+    def _catch_up_schedules(self, trainer: Any, done: int) -> None:
+        """Advance step schedulers to the steps a full-data fit would have taken by now."""
+        accumulate = max(1, int(trainer.accumulate_grad_batches))
+        if not self._epoch_batches and self._loader is not None:
+            # resumed mid-epoch: Lightning skips on_train_epoch_start; the restored plan's length
+            self._epoch_batches = len(self._loader)
+        m = self._epoch_batches
+        if m <= 0 or not self._planned or (done % accumulate and done < m):
+            return  # not at an optimizer step
+        per_epoch = math.ceil(self._planned / accumulate)
+        target = trainer.current_epoch * per_epoch + (min(done, m) * per_epoch) // m
+        cap = trainer.estimated_stepping_batches
+        if isinstance(cap, (int, float)) and math.isfinite(cap):
+            target = min(target, int(cap))
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
+        for config in trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            if config.interval != "step" or config.frequency != 1:
+                continue
+            if isinstance(scheduler, plateau) or not hasattr(scheduler, "last_epoch"):
+                continue
+            while scheduler.last_epoch < target:
+                scheduler.step()
+
+
+def _with_sampler(loader: DataLoader, sampler: PruningSampler) -> DataLoader:
+    """``loader``'s settings on the same dataset, with ``sampler``."""
+    kwargs: dict[str, Any] = {
+        "batch_size": loader.batch_size,
+        "sampler": sampler,
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "drop_last": loader.drop_last,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers,
+        "pin_memory_device": loader.pin_memory_device,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    if hasattr(loader, "in_order"):
+        kwargs["in_order"] = loader.in_order
+    return DataLoader(loader.dataset, **kwargs)
+
+
+class _PrunedLoader:
+    """The train DataLoader on the pruning sampler, as Lightning sees it: not a ``DataLoader``
+    (so Lightning leaves its sampler alone: the sampler shards for DDP itself), with the
+    sampler as ``.sampler`` (so Lightning's ``set_epoch`` plans each epoch), and iterated
+    lazily (Lightning's probe ``iter()`` before the fit starts no epoch)."""
+
+    def __init__(self, loader: DataLoader, sampler: PruningSampler) -> None:
+        self.loader = loader
+        self.sampler = sampler
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[Any]:
+        yield from self.loader
+
+    @property
+    def stats(self) -> Any:
+        return self.sampler.stats
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.sampler!r})"
+
+
+class _StatefulPrunedLoader(_PrunedLoader):
+    """A :class:`_PrunedLoader` Lightning checkpoints: every rank's sampler state (Lightning
+    saves rank 0's checkpoint only), each rank resuming from its own."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"world_size": _world_size(), "pruning": _gather(self.sampler.state_dict())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ranks = state.get("pruning") if isinstance(state, dict) else None
+        if not isinstance(ranks, list):
+            raise ValueError(
+                "this checkpoint's train dataloader state is not a hasten pruning sampler's; "
+                "resume with the same Sifting config, or pass Sifting(..., checkpoint=False) "
+                "to start a fresh sampler"
+            )
+        if len(ranks) != _world_size():
+            raise ValueError(
+                f"the checkpoint's pruning state comes from {len(ranks)} process(es), this run "
+                f"has {_world_size()}: resume with the same number of processes, or pass "
+                "Sifting(..., checkpoint=False)"
+            )
+        self.sampler.load_state_dict(ranks[_rank()])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hasten.integrations.metrics import find_sifting_loader, sifting_metrics
+from hasten.integrations.metrics import find_sifting_loader, front_end_metrics
 
 __all__ = ["TrainingMetricsRecorder"]
 
@@ -40,7 +40,9 @@ class TrainingMetricsRecorder(*_callback_bases()):  # type: ignore[misc]
     :func:`~hasten.integrations.metrics.sifting_metrics`) with ``LightningModule.log_dict``, so
     they reach every logger, ``trainer.callback_metrics`` and ``trainer.logged_metrics``. Counts
     are summed over ranks first (one small ``all_reduce``, run by every rank at the same step).
-    It finds the sifting loader in ``trainer.train_dataloader``; without one it does nothing.
+    It finds the sifting loader (or the :class:`~hasten.sifting.PruningSampler`, whose
+    statistics are :func:`~hasten.integrations.metrics.pruning_metrics`) in
+    ``trainer.train_dataloader``; without one it does nothing.
     When the fit ends with nothing sifted (``sift_delay`` never reached) the loader warns.
 
     Args:
@@ -70,8 +72,11 @@ class TrainingMetricsRecorder(*_callback_bases()):  # type: ignore[misc]
         every = self.every_n_steps or trainer.log_every_n_steps or 1
         # the last batch of an epoch, or of the fit, is always logged (logging from
         # on_train_epoch_end would land on the previous step's row)
-        last = batch_idx + 1 >= trainer.num_training_batches or (
-            trainer.max_steps is not None and 0 < trainer.max_steps <= step
+        progress = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "batch_progress", None)
+        last = (
+            batch_idx + 1 >= trainer.num_training_batches
+            or bool(getattr(progress, "is_last_batch", False))  # a pruned, shorter epoch's end
+            or (trainer.max_steps is not None and 0 < trainer.max_steps <= step)
         )
         if step == self._last_step or (step % every and not last):
             return
@@ -83,11 +88,10 @@ class TrainingMetricsRecorder(*_callback_bases()):  # type: ignore[misc]
             loader._check_delay_reached()
 
     def _log(self, trainer: Any, pl_module: Any) -> None:
-        loader = find_sifting_loader(trainer.train_dataloader)
-        if loader is None:
+        metrics = front_end_metrics(trainer.train_dataloader, self.prefix)
+        if metrics is None:
             return
         self._last_step = trainer.global_step
-        metrics = sifting_metrics(loader, self.prefix)
         keep = f"{self.prefix}keep_rate"
         when = {"on_step": True, "on_epoch": False, "batch_size": 1}
         if self.prog_bar and keep in metrics:

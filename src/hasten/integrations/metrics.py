@@ -2,7 +2,8 @@
 
 Both trainer callbacks (Hugging Face's :class:`~hasten.integrations.transformers.SiftingCallback`
 and Lightning's :class:`~hasten.integrations.lightning.TrainingMetricsRecorder`) log what
-:func:`sifting_metrics` returns. Under ``torch.distributed`` the sample counts are summed over
+:func:`sifting_metrics` (a :class:`~hasten.sifting.SiftingDataloader`) or :func:`pruning_metrics`
+(a :class:`~hasten.sifting.PruningSampler`) returns; :func:`front_end_metrics` picks one. Under ``torch.distributed`` the sample counts are summed over
 ranks with one ``all_reduce`` (so ``keep_rate`` is the global rate, not rank 0's); call it on every
 rank at the same step, as trainers do with their own logging.
 """
@@ -14,9 +15,15 @@ from typing import Any
 
 import torch
 
-from hasten.sifting.loader import SiftingDataloader
+from hasten.sifting import PruningSampler, SiftingDataloader
 
-__all__ = ["find_sifting_loader", "sifting_metrics"]
+__all__ = [
+    "find_pruning_sampler",
+    "find_sifting_loader",
+    "front_end_metrics",
+    "pruning_metrics",
+    "sifting_metrics",
+]
 
 _COUNTS = (
     "num_orig_samples_seen",
@@ -51,6 +58,89 @@ def find_sifting_loader(obj: Any, _depth: int = 0) -> SiftingDataloader | None:
             if found is not None:
                 return found
     return None
+
+
+def find_pruning_sampler(obj: Any, _depth: int = 0) -> PruningSampler | None:
+    """The :class:`PruningSampler` behind ``obj``: the sampler itself, or the sampler of a
+    loader (``.sampler``, ``.batch_sampler.sampler``, accelerate's
+    ``.batch_sampler.batch_sampler.sampler``), also inside a mapping or sequence of loaders
+    (Lightning's combined loaders). ``None`` when there is none."""
+    if isinstance(obj, PruningSampler):
+        return obj
+    if _depth > 3 or obj is None:
+        return None
+    batch_sampler = getattr(obj, "batch_sampler", None)
+    for candidate in (
+        getattr(obj, "sampler", None),
+        getattr(batch_sampler, "sampler", None),
+        getattr(getattr(batch_sampler, "batch_sampler", None), "sampler", None),
+    ):
+        if isinstance(candidate, PruningSampler):
+            return candidate
+    flattened = getattr(obj, "flattened", None)  # lightning's CombinedLoader
+    if isinstance(flattened, list):
+        obj = flattened
+    if isinstance(obj, Mapping):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = find_pruning_sampler(item, _depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def front_end_metrics(obj: Any, prefix: str = "sift/") -> dict[str, float] | None:
+    """:func:`sifting_metrics` or :func:`pruning_metrics` of the sifting loader or pruning
+    sampler found in ``obj`` (a trainer's train dataloader); ``None`` when it holds neither.
+    Collective under ``torch.distributed`` when one is found (see those functions)."""
+    loader = find_sifting_loader(obj)
+    if loader is not None:
+        return sifting_metrics(loader, prefix)
+    sampler = find_pruning_sampler(obj)
+    if sampler is not None:
+        return pruning_metrics(sampler, prefix)
+    return None
+
+
+def pruning_metrics(
+    sampler: PruningSampler, prefix: str = "sift/", *, all_ranks: bool = True
+) -> dict[str, float]:
+    """A :class:`PruningSampler`'s statistics, flat, with ``prefix`` on each name.
+
+    Names: ``keep_rate`` (samples kept / samples a full-data run of the epochs planned so far
+    would have used: the share of data trained on; absent before the first epoch),
+    ``epoch_keep_rate`` (the same for the current epoch), ``samples_seen`` (dataset size times
+    epochs planned), ``samples_kept`` (both counted over all ranks by the sampler itself),
+    ``samples_fed_back``, ``samples_not_fed_back``, ``samples_scored`` (summed over ranks when
+    ``all_ranks``), ``data_epoch`` (the epoch planned or in progress) and ``planning_seconds``
+    (this rank's time planning epochs, scoring included).
+
+    Args:
+        sampler: The pruning sampler.
+        prefix: Put before every name.
+        all_ranks: Sum the per-rank counts over ``torch.distributed`` ranks (one ``all_reduce``;
+            every rank must call this at the same point). Ignored outside ``torch.distributed``.
+    """
+    s = sampler.stats
+    mine = [float(s.samples_fed_back), float(s.samples_not_fed_back), float(s.samples_scored)]
+    if all_ranks:
+        mine = _sum_over_ranks(mine)
+    fed_back, not_fed_back, scored = mine
+    out = {
+        "samples_seen": float(s.samples_total),
+        "samples_kept": float(s.samples_kept),
+        "samples_fed_back": fed_back,
+        "samples_not_fed_back": not_fed_back,
+        "samples_scored": scored,
+        "data_epoch": float(sampler.epoch if sampler.epoch is not None else 0),
+        "planning_seconds": float(s.planning_seconds),
+    }
+    if s.kept_fraction is not None:
+        out["keep_rate"] = float(s.kept_fraction)
+    if s.epoch_kept_fractions:
+        out["epoch_keep_rate"] = float(s.epoch_kept_fractions[-1])
+    return {f"{prefix}{k}": v for k, v in out.items()}
 
 
 def sifting_metrics(

@@ -53,10 +53,13 @@ its own list of backend names); see ``docs/integrations.md``.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+import math
 import os
 import pickle
 import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -69,11 +72,21 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "`pip install 'hasten[hf]'`"
     ) from err
 
+from hasten.integrations._front_end import is_pruning_config
 from hasten.integrations.epochs import SiftedEpochs, expected_batches
-from hasten.integrations.metrics import find_sifting_loader, sifting_metrics
-from hasten.sifting.loader import SiftingDataloader
+from hasten.integrations.metrics import (
+    find_pruning_sampler,
+    find_sifting_loader,
+    front_end_metrics,
+)
+from hasten.sifting import (
+    PerSampleCrossEntropy,
+    PruningSampler,
+    SiftingDataloader,
+    coerce_pruning_config,
+)
 
-__all__ = ["SiftingCallback", "compile_trainer", "enable_sifting"]
+__all__ = ["SiftingCallback", "compile_trainer", "enable_sifting", "is_pruning_config"]
 
 logger = logging.getLogger("hasten")
 
@@ -89,30 +102,48 @@ def _state_file(checkpoint_dir: str, rank: int) -> str:
 def enable_sifting(
     trainer: Any,
     sift_config: Any,
-    loss: Any,
+    loss: Any = None,
     set_epochs: bool = False,
-    **loader_kwargs: Any,
+    **kwargs: Any,
 ) -> Any:
-    """Make ``trainer`` train on sifted batches (SageMaker's ``enable_sifting`` signature).
+    """Make ``trainer`` sift its training data; the config picks the front-end.
+
+    * A pruning config (:class:`~hasten.sifting.StaleRelativePruningConfig`,
+      :class:`~hasten.sifting.UnbiasedPruningConfig`, or a dict with a ``"policy"`` key): a
+      :class:`~hasten.sifting.PruningSampler` becomes the Trainer's sampler and the training
+      step's own per-sample losses are fed back to it (no extra forward, no subclass). Trains
+      ``num_train_epochs`` pruned epochs, or exactly ``max_steps`` steps when set. See
+      :func:`_enable_pruning` below and ``docs/integrations.md``.
+    * A loader config (:class:`~hasten.sifting.RelativeProbabilisticSiftConfig` or its dict):
+      SageMaker's ``enable_sifting``: a :class:`~hasten.sifting.SiftingDataloader` around the
+      Trainer's loader, scoring every batch with an extra forward.
 
     Args:
         trainer: A ``transformers.Trainer`` (or subclass) with a ``train_dataset``.
-        sift_config: A :class:`~hasten.sifting.RelativeProbabilisticSiftConfig` (or a dict).
+        sift_config: A pruning config or a loader config (see above).
         loss: Per-sample loss: a :class:`~hasten.sifting.Loss` (``loss(model, batch, original)``)
             or a callable ``fn(model, batch)``; batches are the Trainer's collated dicts, on the
-            device. :class:`~hasten.sifting.PerSampleCrossEntropy` fits classifiers and
-            token classifiers.
-        set_epochs: ``False``: train by ``max_steps`` (required). ``True``: train
-            ``num_train_epochs`` epochs of fixed length (see the module docstring).
-        **loader_kwargs: Keyword arguments for :class:`~hasten.sifting.SiftingDataloader`
-            (``batch_transforms``, ``seed``, ``log_interval`` ...).
+            device. Required for a loader config (it scores with it). For a pruning config it
+            *is* the training step's loss (it replaces ``Trainer.compute_loss`` during training
+            steps); default :class:`~hasten.sifting.PerSampleCrossEntropy` (classifiers,
+            token classifiers).
+        set_epochs: Loader config only: ``False``: train by ``max_steps`` (required). ``True``:
+            train ``num_train_epochs`` epochs of fixed length (see the module docstring).
+        **kwargs: Loader config: keyword arguments for
+            :class:`~hasten.sifting.SiftingDataloader` (``batch_transforms``, ``seed``,
+            ``log_interval`` ...). Pruning config: ``seed`` (default ``args.data_seed``, else
+            ``args.seed``), ``shuffle`` (default ``True``) and ``scorer`` of the
+            :class:`~hasten.sifting.PruningSampler`.
 
     Returns:
         ``trainer``, changed in place.
 
     Raises:
-        TypeError: ``trainer`` is not a Transformers ``Trainer``, or ``set_epochs`` is not a bool.
-        ValueError: ``set_epochs=False`` without ``max_steps``; sifting enabled twice.
+        TypeError: ``trainer`` is not a Transformers ``Trainer``, ``set_epochs`` is not a bool,
+            a loader config without ``loss``, or a pruning config over a dataset without length.
+        ValueError: ``set_epochs=False`` without ``max_steps`` (loader config); a setup the
+            pruning front-end cannot train exactly (the message names the fix); sifting
+            enabled twice.
     """
     if not isinstance(trainer, transformers.Trainer):
         raise TypeError(
@@ -122,6 +153,24 @@ def enable_sifting(
         raise TypeError(f"set_epochs must be True or False, got {set_epochs!r}")
     if getattr(trainer, _MARK, False):
         raise ValueError("sifting is already enabled on this trainer; call enable_sifting once")
+    if is_pruning_config(sift_config):
+        _enable_pruning(trainer, sift_config, loss, **kwargs)
+    else:
+        _enable_loader(trainer, sift_config, loss, set_epochs, **kwargs)
+    _wrap_train_for_resume(trainer)
+    trainer.callback_handler.callbacks.insert(0, SiftingCallback())
+    setattr(trainer, _MARK, True)
+    return trainer
+
+
+def _enable_loader(
+    trainer: Any, sift_config: Any, loss: Any, set_epochs: bool, **loader_kwargs: Any
+) -> None:
+    if loss is None:
+        raise TypeError(
+            "a SiftingDataloader config scores every batch with a per-sample loss: pass "
+            "enable_sifting(trainer, config, loss=PerSampleCrossEntropy()) (or your own)"
+        )
     args = trainer.args
     if not set_epochs and args.max_steps <= 0:
         raise ValueError(
@@ -155,6 +204,336 @@ def enable_sifting(
             _load_stream_state(stream, saved)
         return stream
 
+    trainer.get_train_dataloader = get_train_dataloader
+
+
+_PRUNING_KWARGS = ("seed", "shuffle", "scorer")
+
+
+def _enable_pruning(trainer: Any, config: Any, loss: Any, **kwargs: Any) -> None:
+    """The :class:`~hasten.sifting.PruningSampler` front-end in the Trainer.
+
+    * Sampler: the Trainer's own train loader (collator, workers, ``dataloader_drop_last``...)
+      is built around the pruning sampler. Under ``torchrun`` the sampler shards the kept
+      indices itself (equal counts per rank), so Accelerate's batch sharding of that loader is
+      made a pass-through, as Transformers does for its own rank-aware ``BatchRebalanceSampler``.
+    * Feedback: during training steps ``compute_loss`` is ``sampler.update(loss(model,
+      inputs))``: the per-sample losses of the step's own forward are stored and their
+      (for the unbiased rule, reweighted) mean is backpropagated; the Trainer divides it by the
+      micro-batches of the optimizer step, as it does for a model's batch-mean loss.
+      Evaluation keeps the Trainer's ``compute_loss``.
+    * Length: by epochs (``max_steps`` unset), one Trainer epoch is one pruned epoch of the
+      sampler, and training ends after ``num_train_epochs`` of them; the Trainer plans its
+      steps and learning-rate schedule from the first, full epoch, so the schedule is advanced
+      to the run's progress after every step (it ends when the run does). By steps
+      (``max_steps``), the pruned epochs follow one another in Trainer epochs of a fixed number
+      of batches, and training takes exactly ``max_steps`` steps.
+    * Gradient accumulation: a pruned epoch whose batches are not a multiple of
+      ``gradient_accumulation_steps`` ends at the last full optimizer step (the rest of its
+      kept samples are left for the next epoch: counted in ``samples_not_fed_back``), so every
+      optimizer step has all its micro-batches from one epoch and none leaks into the next.
+    """
+    unknown = sorted(set(kwargs) - set(_PRUNING_KWARGS))
+    if unknown:
+        raise TypeError(
+            f"enable_sifting with a pruning config takes {list(_PRUNING_KWARGS)} as extra "
+            f"keywords, got {unknown} (SiftingDataloader keywords apply to a loader config)"
+        )
+    config = coerce_pruning_config(config)
+    args = trainer.args
+    dataset = trainer.train_dataset
+    if dataset is None:
+        raise ValueError("the pruning front-end needs the Trainer's train_dataset")
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
+        raise TypeError(
+            f"the pruning front-end picks dataset indices, so it needs a map-style dataset "
+            f"(__len__ and indexing); {type(dataset).__name__} is not one. Use the loader "
+            "front-end (RelativeProbabilisticSiftConfig) for iterable datasets"
+        )
+    if loss is None:
+        if float(getattr(args, "label_smoothing_factor", 0.0) or 0.0) > 0:
+            raise ValueError(
+                f"TrainingArguments.label_smoothing_factor={args.label_smoothing_factor}: the "
+                "Trainer smooths inside its own loss, which the pruning front-end replaces by a "
+                "per-sample loss. Pass loss=<per-sample loss that smooths>, e.g. "
+                "CallableLoss(lambda model, b: F.cross_entropy(model(**{k: v for k, v in "
+                "b.items() if k != 'labels'}).logits, b['labels'], reduction='none', "
+                "label_smoothing=0.1))"
+            )
+        if getattr(trainer, "compute_loss_func", None) is not None:
+            raise ValueError(
+                "the Trainer has a compute_loss_func, which the pruning front-end would replace "
+                "by per-sample cross-entropy: pass loss=<the same loss per sample "
+                "(reduction='none')>"
+            )
+        if type(trainer).compute_loss is not transformers.Trainer.compute_loss:
+            raise ValueError(
+                f"{type(trainer).__name__} overrides compute_loss, which the pruning front-end "
+                "replaces during training steps: pass loss=<your loss per sample "
+                "(reduction='none')> to say what to train on"
+            )
+        loss = PerSampleCrossEntropy()
+    per_sample = _per_sample_loss(loss)
+    strategy = getattr(args, "train_sampling_strategy", "random")
+    if strategy not in ("random", None):
+        raise ValueError(
+            f"TrainingArguments.train_sampling_strategy={strategy!r}: the pruning sampler "
+            "replaces the Trainer's sampler; use the default 'random'"
+        )
+    by_steps = args.max_steps > 0
+    anneal = float(getattr(config, "anneal_fraction", 0.0))
+    if by_steps and anneal > 0:
+        raise ValueError(
+            f"{type(config).__name__}(anneal_fraction={anneal}) trains the last epochs on all "
+            f"data, but TrainingArguments(max_steps={args.max_steps}) trains by steps, so the "
+            "number of epochs is not known: train by num_train_epochs (max_steps=-1), or set "
+            "anneal_fraction=0"
+        )
+    seed = kwargs.get("seed")
+    if seed is None:
+        seed = args.data_seed if args.data_seed is not None else args.seed
+    sampler = PruningSampler(
+        dataset,
+        config,
+        num_epochs=None if by_steps else max(1, math.ceil(args.num_train_epochs - 1e-9)),
+        seed=seed,
+        shuffle=kwargs.get("shuffle", True),
+        scorer=kwargs.get("scorer"),
+        num_replicas=args.world_size,
+        rank=args.process_index,
+        batch_size=args.train_batch_size,
+    )
+    holder: dict[str, _PrunedPasses] = {}
+
+    trainer._get_train_sampler = lambda train_dataset=None: sampler
+    original = trainer.get_train_dataloader
+
+    @functools.wraps(original)
+    def get_train_dataloader() -> _PrunedPasses:
+        loader = original()
+        if find_pruning_sampler(loader) is not sampler:
+            raise RuntimeError(
+                "the Trainer's get_train_dataloader did not build its loader on the pruning "
+                "sampler (an override that ignores _get_train_sampler?); build it on "
+                "trainer._get_train_sampler() or use a loader config"
+            )
+        _unshard(loader, sampler)
+        stream = _PrunedPasses(
+            loader,
+            sampler,
+            accumulation=trainer.args.gradient_accumulation_steps,
+            by_steps=trainer.args.max_steps > 0,
+        )
+        saved = getattr(trainer, _RESUME, None)
+        if saved is not None:
+            _load_stream_state(stream, saved)
+        holder["stream"] = stream
+        return stream
+
+    original_step = trainer.training_step
+    in_step = [False]
+
+    @functools.wraps(original_step)
+    def training_step(*a: Any, **kw: Any) -> Any:
+        in_step[0] = True
+        try:
+            return original_step(*a, **kw)
+        finally:
+            in_step[0] = False
+
+    original_loss = trainer.compute_loss
+
+    @functools.wraps(original_loss)
+    def compute_loss(model: Any, inputs: Any, return_outputs: bool = False, **kw: Any) -> Any:
+        stream = holder.get("stream")
+        if not in_step[0] or stream is None or return_outputs:
+            return original_loss(model, inputs, return_outputs=return_outputs, **kw)
+        return stream.feed_back(per_sample(model, inputs))
+
+    trainer.get_train_dataloader = get_train_dataloader
+    trainer.training_step = training_step
+    trainer.compute_loss = compute_loss
+    # the loss is ours, a per-micro-batch mean: the Trainer divides it by the micro-batches of
+    # the step and neither counts num_items_in_batch nor passes it to the model
+    trainer.model_accepts_loss_kwargs = False
+    if hasattr(trainer, "loss_is_scaled_for_ga"):
+        trainer.loss_is_scaled_for_ga = False
+    trainer.hasten_pruning_sampler = sampler
+
+
+def _per_sample_loss(loss: Any) -> Callable[[Any, Any], torch.Tensor]:
+    if callable(getattr(loss, "loss", None)):
+        return lambda model, batch: loss.loss(model, batch, batch)
+    if callable(loss) and not isinstance(loss, type):
+        return loss
+    raise TypeError(
+        f"loss must be a hasten Loss (loss.loss(model, batch)) or a callable fn(model, batch) "
+        f"returning one loss per sample, got {type(loss).__name__}"
+    )
+
+
+def _unshard(loader: Any, sampler: PruningSampler) -> None:
+    """Make Accelerate's batch sharding of ``loader`` a pass-through: the pruning sampler
+    already gives this rank its own shard (and it must not pad a short last batch with repeats,
+    whose losses would have no index of this epoch to go to)."""
+    shard = getattr(loader, "batch_sampler", None)
+    inner = getattr(shard, "batch_sampler", None)
+    if hasattr(shard, "num_processes") and getattr(inner, "sampler", None) is sampler:
+        if getattr(shard, "split_batches", False):
+            raise ValueError(
+                "Accelerate's split_batches splits each batch across the processes, and the "
+                "pruning sampler already gives every process its own shard: turn "
+                "split_batches off (accelerator_config={'split_batches': False})"
+            )
+        shard.num_processes = 1
+        shard.process_index = 0
+        shard.even_batches = False
+
+
+class _PrunedPasses:
+    """The Trainer's train loader over a :class:`~hasten.sifting.PruningSampler`, as the Trainer
+    needs it: epochs whose batches it can count on, feedback attributed to the right epoch.
+
+    Each data pass is one pruned epoch of the sampler (``set_epoch(p)`` plans it), ending at
+    the last full optimizer step when its batches do not fill whole steps. By epochs, one
+    ``for`` loop is one pass and ``len()`` is the first (full) pass, which the Trainer plans by.
+    By steps, passes follow one another and one ``for`` loop is ``len()`` batches of them,
+    a whole number of optimizer steps. Feedback (:meth:`feed_back`) goes to the sampler; the
+    pass in progress and how much of it came back drive :class:`SiftingCallback`'s step-end
+    work (learning-rate catch-up, the epoch shown in logs, the end of training).
+    """
+
+    def __init__(
+        self, loader: Any, sampler: PruningSampler, *, accumulation: int, by_steps: bool
+    ) -> None:
+        self.loader = loader
+        self.sampler = sampler
+        self.accumulation = max(1, int(accumulation))
+        self.by_steps = by_steps
+        self.planned = len(loader)  # the first pass: all data, what the Trainer plans by
+        ga = self.accumulation
+        self.block = max(ga, self.planned // ga * ga)
+        self.pass_index = -1  # the pass in progress (or last finished)
+        self.pass_length = 0  # batches the pass yields
+        self.fed_back = 0  # batches of the pass whose losses came back
+        self.epoch: int | None = None  # the Trainer's, recorded only
+        self._resume = False
+        self._chain: Iterator[Any] | None = None
+
+    def __len__(self) -> int:
+        return self.block if self.by_steps else self.planned
+
+    def set_epoch(self, epoch: int) -> None:
+        """Record the Trainer's epoch (passes are numbered and planned here)."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        if not self.by_steps:
+            return self._one_pass()
+        if self._chain is None:
+            self._chain = self._passes()
+        return itertools.islice(self._chain, self.block)
+
+    @property
+    def num_epochs(self) -> int | None:
+        return self.sampler.num_epochs
+
+    @property
+    def done(self) -> bool:
+        """By epochs: all planned passes trained."""
+        n = self.sampler.num_epochs
+        return n is not None and self.pass_index + 1 >= n and self.fed_back >= self.pass_length > 0
+
+    def feed_back(self, losses: torch.Tensor) -> torch.Tensor:
+        loss = self.sampler.update(losses)
+        self.fed_back += 1
+        return loss
+
+    def steps_into_schedule(self) -> int:
+        """Optimizer steps a full-data run would have taken at this point of the run."""
+        per_pass = -(-self.planned // self.accumulation)
+        if self.pass_length <= 0:
+            return max(0, self.pass_index) * per_pass
+        return self.pass_index * per_pass + (self.fed_back * per_pass) // self.pass_length
+
+    def _passes(self) -> Iterator[Any]:
+        while True:
+            yield from self._one_pass()
+
+    def _one_pass(self) -> Iterator[Any]:
+        if self.done:
+            return
+        if self._resume and self.fed_back < self.pass_length:
+            p, length = self.pass_index, self.pass_length  # the restored sampler yields the rest
+            self._resume = False
+        else:
+            self._resume = False
+            p = self.pass_index + 1
+            self._set_pass_epoch(p)
+            length = self._trimmed(len(self.loader), p)
+            self.pass_index, self.pass_length, self.fed_back = p, length, 0
+        self._set_pass_epoch(p)  # keeps Accelerate's epoch counter on the pass (a no-op plan)
+        it = iter(self.loader)
+        given = self.fed_back
+        for batch in it:
+            if given >= length:
+                break
+            given += 1
+            yield batch
+        for _ in it:  # the trimmed tail: drawn, never trained (lets the loader finish its pass)
+            pass
+
+    def _set_pass_epoch(self, p: int) -> None:
+        if hasattr(self.loader, "set_epoch"):
+            self.loader.set_epoch(p)  # Accelerate's loader forwards it to the sampler
+        self.sampler.set_epoch(p)
+
+    def _trimmed(self, n: int, p: int) -> int:
+        ga = self.accumulation
+        if ga == 1 or n % ga == 0 or (not self.by_steps and n == self.planned):
+            return n  # whole steps; or the full pass, whose short last step the Trainer plans
+        if n < ga:
+            raise ValueError(
+                f"pruned epoch {p} has {n} batches, fewer than gradient_accumulation_steps="
+                f"{ga}: no whole optimizer step fits; lower gradient_accumulation_steps or "
+                "per_device_train_batch_size"
+            )
+        return n // ga * ga
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "sampler": self.sampler.state_dict(),
+            "pass_index": self.pass_index,
+            "pass_length": self.pass_length,
+            "fed_back": self.fed_back,
+            "planned": self.planned,
+            "by_steps": self.by_steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "sampler" not in state:
+            raise ValueError("it is a sifting loader's state, not a pruning sampler's")
+        if state["by_steps"] != self.by_steps or state["planned"] != self.planned:
+            raise ValueError(
+                f"the checkpoint trained {'by steps' if state['by_steps'] else 'by epochs'} "
+                f"with passes of {state['planned']} batches, this run "
+                f"{'by steps' if self.by_steps else 'by epochs'} with {self.planned}; resume "
+                "with the same TrainingArguments and dataset"
+            )
+        self.sampler.load_state_dict(state["sampler"])
+        self.pass_index = state["pass_index"]
+        self.pass_length = state["pass_length"]
+        self.fed_back = state["fed_back"]
+        self._resume = True
+        self._chain = None
+
+    def __repr__(self) -> str:
+        mode = f"by steps, {self.block} batches per Trainer epoch" if self.by_steps else "by epochs"
+        return f"_PrunedPasses({self.sampler!r}, {mode})"
+
+
+def _wrap_train_for_resume(trainer: Any) -> None:
+    """``trainer.train(resume_from_checkpoint=...)`` restores each rank's sifting state."""
     train = trainer.train
 
     @functools.wraps(train)
@@ -185,11 +564,7 @@ def enable_sifting(
             trainer.args.ignore_data_skip = skip
             setattr(trainer, _RESUME, None)
 
-    trainer.get_train_dataloader = get_train_dataloader
     trainer.train = train_with_sifting
-    trainer.callback_handler.callbacks.insert(0, SiftingCallback())
-    setattr(trainer, _MARK, True)
-    return trainer
 
 
 # Trainer optimizers with a fused twin that computes the same update in one kernel.
@@ -220,6 +595,7 @@ def compile_trainer(
         trainer.train()
     """
     import hasten
+    import hasten.compiler  # a subpackage: not an attribute of hasten until imported
 
     if not isinstance(trainer, transformers.Trainer):
         raise TypeError(
@@ -309,13 +685,21 @@ def _load_stream_state(stream: SiftedEpochs, path: str) -> None:
 
 
 class SiftingCallback(transformers.TrainerCallback):
-    """Adds the sifting statistics to every Trainer log (``on_log``).
+    """Adds the sifting statistics to every Trainer log (``on_log``); keeps the pruning
+    front-end's epochs and schedule in step with the Trainer (``on_step_end``).
 
     Inserted first among the Trainer's callbacks by :func:`enable_sifting`, so the reporters after
     it (printer, TensorBoard, W&B ...) see the ``sift/...`` entries; they are also written into the
     ``trainer.state.log_history`` entry of that log. Counts are summed over ranks (one small
     ``all_reduce`` per log, which every rank runs, as the Trainer logs on every rank). See
-    :func:`~hasten.integrations.metrics.sifting_metrics` for the names.
+    :func:`~hasten.integrations.metrics.sifting_metrics` (loader config) and
+    :func:`~hasten.integrations.metrics.pruning_metrics` (pruning config) for the names.
+
+    With a pruning config trained by epochs, after every optimizer step it also: advances the
+    Trainer's learning-rate scheduler to the steps a full-data run would have taken at this
+    point of the run (so a schedule the Trainer sized from full epochs ends with the shorter,
+    pruned run; in full-data epochs that is the step just taken, so nothing changes); sets
+    ``state.epoch`` to the pruned epochs done; and ends training after the last one.
 
     Args:
         prefix: Put before every name (default ``"sift/"``).
@@ -325,14 +709,30 @@ class SiftingCallback(transformers.TrainerCallback):
         self.prefix = prefix
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        loader = find_sifting_loader(kwargs.get("train_dataloader"))
-        if loader is None or logs is None:
+        if logs is None:
             return
-        metrics = sifting_metrics(loader, self.prefix)
+        metrics = front_end_metrics(kwargs.get("train_dataloader"), self.prefix)
+        if metrics is None:
+            return
         logs.update(metrics)
         history = state.log_history
         if history and history[-1].get("step") == state.global_step:
             history[-1].update(metrics)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        stream = kwargs.get("train_dataloader")
+        if not isinstance(stream, _PrunedPasses) or stream.by_steps:
+            return
+        if stream.pass_length > 0:
+            state.epoch = stream.pass_index + stream.fed_back / stream.pass_length
+        scheduler = kwargs.get("lr_scheduler")
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
+        if hasattr(scheduler, "last_epoch") and not isinstance(scheduler, plateau):
+            target = min(stream.steps_into_schedule(), state.max_steps)
+            while scheduler.last_epoch < target:
+                scheduler.step()
+        if stream.done:
+            control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         loader = find_sifting_loader(kwargs.get("train_dataloader"))
@@ -341,7 +741,7 @@ class SiftingCallback(transformers.TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         stream = kwargs.get("train_dataloader")
-        if not isinstance(stream, SiftedEpochs):
+        if not isinstance(stream, (SiftedEpochs, _PrunedPasses)):
             return
         # every rank writes its own state (the main process may not have made the folder yet)
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")

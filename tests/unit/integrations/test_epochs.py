@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 from hasten.integrations import SiftedEpochs, expected_batches, find_sifting_loader, sifting_metrics
 from hasten.sifting import SiftingDataloader
-from tests.unit.sifting._helpers import (
+from tests._helpers import (
     PlantedDataset,
     ids_of,
     planted_loss,

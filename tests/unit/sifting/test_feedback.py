@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from hasten.sifting import (
     PruningSampler,
@@ -12,21 +12,7 @@ from hasten.sifting import (
     StaleRelativePruningConfig,
     UnbiasedPruningConfig,
 )
-
-
-class Planted(Dataset):
-    """Sample i = (planted loss of i, i). Planted losses are distinct, so a loss stored under the
-    wrong index cannot go unnoticed."""
-
-    def __init__(self, n: int, seed: int = 0) -> None:
-        self.planted = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).float()
-        self.planted = self.planted / n + 0.01
-
-    def __len__(self) -> int:
-        return len(self.planted)
-
-    def __getitem__(self, i: int):
-        return self.planted[i], i
+from tests._helpers import Planted
 
 
 def _cfg(**kw):

@@ -19,7 +19,7 @@ from hasten.sifting import (
     TensorBatch,
     UnsupportedDataFormatException,
 )
-from tests.unit.sifting._helpers import (
+from tests._helpers import (
     PlantedDataset,
     RecordingDataset,
     complete_passes,

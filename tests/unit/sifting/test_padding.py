@@ -15,7 +15,7 @@ from hasten.sifting import (
 )
 from hasten.sifting.batch import SiftingBatchTransform, TreeBatch
 from hasten.sifting.padding import Padding
-from tests.unit.sifting._helpers import sift_config
+from tests._helpers import sift_config
 
 PAD = 1  # RoBERTa's pad id: not 0, so a guessed 0 would show
 

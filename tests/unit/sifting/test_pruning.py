@@ -16,7 +16,7 @@ from hasten.sifting import (
     UnbiasedPruningConfig,
     coerce_pruning_config,
 )
-from tests.unit.sifting.test_feedback import Planted
+from tests._helpers import Planted
 
 
 def _loss_of(ds: Planted, idx: torch.Tensor, epoch: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from hasten.sifting import SiftingBatchTransform, SiftingDataloader, TensorBatch
-from tests.unit.sifting._helpers import PlantedDataset, planted_x, sift_config
+from tests._helpers import PlantedDataset, planted_x, sift_config
 
 EPOCHS = 3
 

@@ -1,9 +1,20 @@
-"""Shared test data: samples whose loss and identity are planted in their features."""
+"""Helpers shared by the unit and integration suites.
+
+Planted data (samples whose loss and identity are planted in their features), tiny models, and
+:func:`torchrun`, which runs a script of ``tests/integration/scripts`` on several CPU ranks.
+Test modules import from here, never from one another.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -104,3 +115,60 @@ def complete_passes(drawn: list[int], n: int) -> int:
     assert len(set(tail)) == len(tail), "the last, unfinished pass drew a sample twice"
     assert rest == len(tail)
     return full
+
+
+class Planted(Dataset):
+    """Sample i = (planted loss of i, i). Planted losses are distinct, so a loss stored under the
+    wrong index cannot go unnoticed."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.planted = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).float()
+        self.planted = self.planted / n + 0.01
+
+    def __len__(self) -> int:
+        return len(self.planted)
+
+    def __getitem__(self, i: int):
+        return self.planted[i], i
+
+
+SCRIPTS = Path(__file__).parent / "integration" / "scripts"
+ROOT = Path(__file__).parents[1]
+
+
+def torchrun(
+    script: str,
+    out: Path,
+    timeout: float,
+    nproc: int = 2,
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> list[dict]:
+    """Run ``tests/integration/scripts/<script>`` on ``nproc`` CPU ranks; each rank writes
+    ``out/rank<r>.json``, returned in rank order. A hang fails the test at ``timeout`` seconds.
+
+    ``--standalone`` binds the rendezvous store to a port the OS assigns at bind time. A port
+    picked free beforehand (``--master-port``) can be taken by another process in between, which
+    on a machine shared with other test runs is not hypothetical. ``args`` follow ``out`` on the
+    script's command line; ``env`` adds to the environment.
+    """
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--standalone",
+        str(SCRIPTS / script),
+        str(out),
+        *args,
+    ]
+    full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full.get("PYTHONPATH")]))
+    try:
+        proc = subprocess.run(
+            cmd, env=full, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"torchrun did not finish in {timeout} s (a hang?):\n{err.stderr}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]

@@ -1,54 +1,11 @@
-"""``torchrun --nproc_per_node=2`` on CPU (gloo): sifting under DistributedDataParallel."""
+"""``torchrun --nproc_per_node=2`` on CPU (gloo): sifting under DDP, FSDP2, the HF Trainer and
+Lightning, each rank a real process launched by torchrun."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPTS = Path(__file__).parent / "scripts"
-ROOT = Path(__file__).parents[2]
-
-
-def torchrun(
-    script: str,
-    out: Path,
-    timeout: float,
-    nproc: int = 2,
-    args: tuple[str, ...] = (),
-    env: dict[str, str] | None = None,
-) -> list[dict]:
-    """Run ``script`` on ``nproc`` CPU ranks; a hang fails the test at ``timeout`` seconds.
-
-    ``--standalone`` binds the rendezvous store to a port the OS assigns at bind time. A port
-    picked free beforehand (``--master-port``) can be taken by another process in between, which
-    on a machine shared with other test runs is not hypothetical. ``args`` follow ``out`` on the
-    script's command line; ``env`` adds to the environment.
-    """
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--standalone",
-        str(SCRIPTS / script),
-        str(out),
-        *args,
-    ]
-    full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
-    full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full.get("PYTHONPATH")]))
-    try:
-        proc = subprocess.run(
-            cmd, env=full, cwd=ROOT, capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"torchrun did not finish in {timeout} s (a hang?):\n{err.stderr}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+from tests._helpers import torchrun
 
 
 @pytest.mark.slow
@@ -155,3 +112,43 @@ def test_lightning_ddp_resumes_each_rank_from_its_own_sifting_state(tmp_path):
         assert len(r["reference"]) == 15 and r["global_step"] == 15
         # after the mid-epoch checkpoint (step 7), each rank trained on its own next batches
         assert r["resumed"] == r["reference"][7:]
+
+
+@pytest.mark.slow
+def test_hf_trainer_with_the_pruning_sampler_under_torchrun(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    ranks = torchrun("ddp_hf_pruning.py", tmp_path, timeout=240)
+    r0, r1 = ranks
+    # both ranks took the same pruning decisions and the same number of steps (no hang)
+    assert r0["fractions"] == r1["fractions"]
+    assert r0["fractions"][0] == 1.0 == r0["fractions"][-1]  # unseen / annealed epoch
+    assert min(r0["fractions"]) < 0.9
+    assert r0["global_step"] == r1["global_step"] > 0
+    assert len(r0["trained"]) == len(r1["trained"])
+    # the sampler sharded each epoch: the ranks' first epochs are disjoint halves of the data
+    # (Accelerate did not shard it a second time, which would have left a quarter each)
+    per_rank_epoch0 = -(-45 // 4)  # 45 samples per rank, batches of 4
+    seen0 = [{i for b in r["trained"][:per_rank_epoch0] for i in b} for r in ranks]
+    assert seen0[0] | seen0[1] == set(range(90)) and not seen0[0] & seen0[1]
+    # every loss fed back landed on its sample, merged over the ranks
+    assert r0["losses_match"] and r1["losses_match"]
+    # the logged counts are global: the same on both ranks, feedback summed
+    assert r0["logged"]["sift/samples_fed_back"] == r1["logged"]["sift/samples_fed_back"]
+    assert r0["logged"]["sift/samples_fed_back"] <= r0["fed_back"] + r1["fed_back"]
+
+
+@pytest.mark.slow
+def test_lightning_ddp_with_the_pruning_callback(tmp_path):
+    pytest.importorskip("lightning")
+    ranks = torchrun("ddp_lightning_pruning.py", tmp_path, timeout=240)
+    r0, r1 = ranks
+    assert r0["fractions"] == r1["fractions"]  # the same decisions on both ranks
+    assert r0["fractions"][0] == 1.0 == r0["fractions"][-1] and min(r0["fractions"]) < 0.9
+    assert len(r0["trained"]) == len(r1["trained"]) and r0["global_step"] == r1["global_step"]
+    # epoch 0: the sampler's disjoint halves (Lightning added no DistributedSampler on top)
+    per_rank = -(-45 // 4)
+    seen0 = [{i for b in r["trained"][:per_rank] for i in b} for r in ranks]
+    assert seen0[0] | seen0[1] == set(range(90)) and not seen0[0] & seen0[1]
+    assert r0["losses_match"] and r1["losses_match"]
+    assert r0["logged_fed_back"] == r1["logged_fed_back"] == r0["fed_back"] + r1["fed_back"]

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, DistributedSampler
 
 from hasten.sifting import SiftingDataloader
-from tests.unit.sifting._helpers import (
+from tests._helpers import (
     PlantedDataset,
     ids_of,
     planted_loss,
