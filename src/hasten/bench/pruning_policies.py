@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from hasten.bench import _hasten_api
 from hasten.bench.training import Batch, Policy, PolicyContext
 
 __all__ = [
@@ -130,12 +131,10 @@ class PrunePolicy:
         }
 
     def start(self, ctx: PolicyContext) -> _PruneRun:
-        from hasten.sifting import PruningSampler, Scorer
-
         scorer = None
         if self.scorer is not None:
             dtype = self.scorer.autocast_dtype
-            inner = Scorer(
+            inner = _hasten_api.scorer(
                 ctx.model,
                 _Rows(ctx.dataset.x, ctx.dataset.y),
                 ctx.loss_fn,
@@ -149,7 +148,7 @@ class PrunePolicy:
                 ctx.count_scored(len(indices))
                 return inner(indices)
 
-        sampler = PruningSampler(
+        sampler = _hasten_api.pruning_sampler(
             len(ctx.dataset),
             self.config,
             num_epochs=ctx.epochs,
