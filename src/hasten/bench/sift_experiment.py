@@ -55,6 +55,7 @@ __all__ = [
     "POLICY_FAMILIES",
     "SageMakerSift",
     "SiftExperimentConfig",
+    "merge_results",
     "register_policy_family",
     "run_sift_experiment",
     "summarize_runs",
@@ -264,6 +265,7 @@ def run_sift_experiment(
     with torch_threads(config.threads):
         stamp = machine_stamp()
         _run_all(config, progress, tasks or {})
+    end = machine_stamp()  # a long run: the load at its end too
     return {
         "kind": "hasten.bench.sift",
         "config": asdict(config),
@@ -271,6 +273,8 @@ def run_sift_experiment(
         "runs": [r.to_dict() for r in progress.runs],
         "summary": summarize_runs(progress.runs),
         "machine": stamp,
+        "load_average_end": end["load_average"],
+        "finished_utc": end["date_utc"],
     }
 
 
@@ -363,3 +367,45 @@ def summarize_runs(runs: list[RunRecord]) -> dict[str, Any]:
             rows.append(row)
         out[task] = {"rows": rows}
     return out
+
+
+def merge_results(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several :func:`run_sift_experiment` results on different tasks (for
+    example two processes run side by side), with the summary recomputed from all the runs.
+
+    The configs must agree except for ``tasks`` and ``epochs``; every part's machine stamp is
+    kept (``machines``), the first is ``machine``.
+
+    Raises:
+        ValueError: for no parts, a task in two parts, or configs that differ otherwise.
+    """
+    if not parts:
+        raise ValueError("merge_results needs at least one result")
+    tasks: list[str] = []
+    epochs: dict[str, int | None] = {}
+    for part in parts:
+        config = part["config"]
+        for task in config["tasks"]:
+            if task in tasks:
+                raise ValueError(f"task {task!r} is in two of the results to merge")
+            tasks.append(task)
+            per_task = config["epochs"]
+            epochs[task] = per_task.get(task) if isinstance(per_task, dict) else per_task
+        rest = {k: v for k, v in config.items() if k not in ("tasks", "epochs")}
+        first = {k: v for k, v in parts[0]["config"].items() if k not in ("tasks", "epochs")}
+        if rest != first:
+            diff = sorted(k for k in rest if rest[k] != first.get(k))
+            raise ValueError(f"the results to merge differ in config fields {diff}")
+    runs = [r for part in parts for r in part["runs"]]
+    records = [RunRecord(**r) for r in runs]
+    return {
+        **parts[0],
+        "config": {**parts[0]["config"], "tasks": tasks, "epochs": epochs},
+        "runs": runs,
+        "summary": summarize_runs(records),
+        "machine": parts[0]["machine"],
+        "machines": [p["machine"] for p in parts],
+        "load_average_end": [p.get("load_average_end") for p in parts],
+        "finished_utc": max(str(p.get("finished_utc")) for p in parts),
+        "merged_from_tasks": [p["config"]["tasks"] for p in parts],
+    }

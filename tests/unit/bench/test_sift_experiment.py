@@ -120,3 +120,28 @@ def test_baselines_can_be_switched_off(half_family):
     )
     runs = se.run_sift_experiment(config)["runs"]
     assert [r["policy"] for r in runs] == ["full", "half", "rs2:half"]
+
+
+def test_results_of_two_processes_merge_into_one(half_family):
+    def part(task, **kw):
+        config = se.SiftExperimentConfig(
+            tasks=(task,), seeds=2, families=(half_family,), epochs=1, rs2=False, **kw
+        )
+        tiny = get_task("mnist1d").with_(dataset_kwargs={"num_samples": 500})
+        return se.run_sift_experiment(config, tasks={"mnist1d": tiny})
+
+    a, b = part("digits"), part("mnist1d")
+    merged = se.merge_results([a, b])
+    assert merged["config"]["tasks"] == ["digits", "mnist1d"]
+    assert merged["config"]["epochs"] == {"digits": 1, "mnist1d": 1}
+    assert merged["runs"] == a["runs"] + b["runs"]
+    assert merged["summary"] == {**a["summary"], **b["summary"]}
+    assert merged["machines"] == [a["machine"], b["machine"]]
+    assert len(merged["load_average_end"]) == 2
+    with pytest.raises(ValueError, match="two of the results"):
+        se.merge_results([a, a])
+    other = part("mnist1d", first_seed=5)
+    with pytest.raises(ValueError, match="first_seed"):
+        se.merge_results([a, other])
+    with pytest.raises(ValueError, match="at least one"):
+        se.merge_results([])
