@@ -14,6 +14,8 @@ Families (named in :data:`hasten.bench.sift_experiment.POLICY_FAMILIES`, importe
 ``stale``       SageMaker's rule on stored losses at the settings in :data:`STALE_SETTINGS`:
                 fed back only (``max_loss_age=None``), or rescoring losses older than 2 epochs
                 with a bf16 scorer in batches of 1024
+``tuned``       SageMaker's rule on fed-back losses at :data:`TUNED_SETTINGS`: issue 6's best
+                setting and the one tuned for issue 11's targets on validation splits
 ==============  ===============================================================================
 """
 
@@ -30,10 +32,12 @@ from hasten.bench.training import Batch, Policy, PolicyContext
 
 __all__ = [
     "STALE_SETTINGS",
+    "TUNED_SETTINGS",
     "UNBIASED_SETTINGS",
     "PrunePolicy",
     "ScorerSettings",
     "stale_family",
+    "tuned_family",
     "unbiased_family",
 ]
 
@@ -63,6 +67,15 @@ STALE_SETTINGS: tuple[tuple[dict[str, Any], ScorerSettings | None], ...] = (
     ({"beta_value": 0.5, "max_loss_age": None, "anneal_fraction": 0.0}, None),
 )
 """SageMaker-rule-on-stored-losses settings the ``stale`` family runs (its own betas: the\nexperiment's ``betas`` are the streaming rule's)."""
+
+
+TUNED_SETTINGS: tuple[dict[str, Any], ...] = (
+    {"beta_value": 1.0, "max_loss_age": None, "anneal_fraction": 0.0},
+    {"beta_value": 1.5, "max_loss_age": None, "anneal_fraction": 0.15},
+)
+"""The ``tuned`` family: issue 6's best rule (β = 1, fed-back losses), and the setting chosen on
+validation splits for issue 11 (prune harder, then train the last epochs on all data, as
+InfoBatch anneals; ``benchmarks/results/sift-policies-tuning.json``, ``issue11``)."""
 
 
 class _Rows(Dataset[Batch]):
@@ -180,8 +193,19 @@ def unbiased_family(config: Any, full_steps: int) -> list[Policy]:
 
 def stale_family(config: Any, full_steps: int) -> list[Policy]:
     """SageMaker's rule on stored losses at each of :data:`STALE_SETTINGS`."""
+    return _stale_policies(STALE_SETTINGS)
+
+
+def tuned_family(config: Any, full_steps: int) -> list[Policy]:
+    """SageMaker's rule on fed-back losses at each of :data:`TUNED_SETTINGS`."""
+    return _stale_policies(tuple((s, None) for s in TUNED_SETTINGS))
+
+
+def _stale_policies(
+    settings_list: tuple[tuple[dict[str, Any], ScorerSettings | None], ...],
+) -> list[Policy]:
     out: list[Policy] = []
-    for settings, scorer in STALE_SETTINGS:
+    for settings, scorer in settings_list:
         age = settings["max_loss_age"]
         label = f"stale-b{settings['beta_value']:g}-" + ("fed" if age is None else f"age{age}")
         if scorer is not None and scorer.autocast_dtype:

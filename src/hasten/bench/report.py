@@ -50,8 +50,10 @@ def machine_line(machine: dict[str, Any]) -> str:
     gpu = machine.get("gpu")
     where = gpu["name"] if gpu else f"{cpu['usable_cores']} cores of {cpu['model']}"
     v = machine["versions"]
+    git = machine.get("git")
+    commit = f"; commit {git['commit'][:10]}{' (modified)' if git['dirty'] else ''}" if git else ""
     return (
-        f"{where}; torch {v['torch']}, hasten {v['hasten']}; {machine['date_utc']}; "
+        f"{where}; torch {v['torch']}, hasten {v['hasten']}{commit}; {machine['date_utc']}; "
         f"load average {machine.get('load_average')}"
     )
 

@@ -213,6 +213,7 @@ POLICY_FAMILIES: dict[str, PolicyFamily] = {
     # hasten.sifting.PruningSampler, no extra forward (see hasten.bench.pruning_policies)
     "unbiased": _lazy_family("hasten.bench.pruning_policies", "unbiased_family"),
     "stale": _lazy_family("hasten.bench.pruning_policies", "stale_family"),
+    "tuned": _lazy_family("hasten.bench.pruning_policies", "tuned_family"),
 }
 
 
