@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policies",
         type=_csv(str),
         default=["sagemaker"],
-        help="policy families to compare with full data: sagemaker, unbiased, stale "
+        help="policy families to compare with full data: sagemaker, unbiased, stale, tuned "
         "(hasten's pruning sampler, no extra forward); none: baseline only",
     )
     sift.add_argument(
