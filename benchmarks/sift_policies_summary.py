@@ -164,6 +164,34 @@ def tuning_block(tuning: dict[str, Any]) -> str:
     return format_table(headers, rows, markdown=True) + "\n"
 
 
+def tuning11_block(tuning: dict[str, Any]) -> str:
+    """Issue 11's tuning rounds: per task, each candidate on the validation split."""
+    parts = []
+    for task, t in tuning["issue11"]["tasks"].items():
+        rows = [
+            [
+                name,
+                s["seeds"],
+                f"{100 * s['compute_share']:.1f}%",
+                f"{100 * s['acc']:.2f}",
+                f"{100 * s['acc_minus_full']:+.2f} ± {100 * (s['acc_minus_full_sem'] or 0):.2f}",
+                f"{100 * s['acc_minus_curve']:+.2f} ± {100 * (s['acc_minus_curve_sem'] or 0):.2f}",
+            ]
+            for name, s in t["summary"].items()
+        ]
+        headers = [
+            "run",
+            "seeds",
+            "compute",
+            "val acc %",
+            f"Δ vs full{t['epochs']}",
+            "Δ vs full-data curve",
+        ]
+        parts.append(f"**{task}** ({t['epochs']} epochs; seeds {t['seeds']})\n")
+        parts.append(format_table(headers, rows, markdown=True) + "\n")
+    return "\n".join(parts)
+
+
 def scoring_block(cost: dict[str, Any]) -> str:
     rows = []
     for task, t in cost["tasks"].items():
@@ -200,9 +228,11 @@ def render(name: str) -> str:
         if result is None:
             return "_Not recorded yet: `python benchmarks/record.py sift-policies`._\n"
         return results_block(result) if name == "results" else targets_block(result)
-    if name == "tuning":
+    if name in ("tuning", "tuning11"):
         tuning = _load("sift-policies-tuning.json")
-        return tuning_block(tuning) if tuning else "_No tuning record._\n"
+        if not tuning or (name == "tuning11" and "issue11" not in tuning):
+            return "_No tuning record._\n"
+        return tuning_block(tuning) if name == "tuning" else tuning11_block(tuning)
     if name == "scoring":
         cost = _load("scoring_cost.json")
         return scoring_block(cost) if cost else "_Not recorded: benchmarks/scoring_cost.py._\n"
