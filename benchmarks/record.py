@@ -50,9 +50,30 @@ def _base_cpu(model: str) -> list[str]:
     ]
 
 
+def _sift_policies(datasets: str, epochs: str) -> list[str]:
+    part = "large" if "large" in datasets else "small"
+    return [
+        "bench",
+        "sift",
+        "--datasets",
+        datasets,
+        "--epochs",
+        epochs,
+        "--seeds",
+        "10",
+        "--policies",
+        "tuned",
+        "--threads",
+        "1",
+        "--json",
+        str(RESULTS / f"sift-policies-{part}.json"),
+    ]
+
+
 # Configurations whose result is the union of other configurations' result files.
 MERGES: dict[str, list[str]] = {
     "compile-cpu-base": [f"compile-cpu-base-{m}" for m in BASE_MODELS],
+    "sift-policies": ["sift-policies-small", "sift-policies-large"],
 }
 
 CONFIGS: dict[str, list[str]] = {
@@ -120,28 +141,12 @@ CONFIGS: dict[str, list[str]] = {
         "--plot",
         str(RESULTS / "sift.png"),
     ],
-    # Pruning policies (zero extra forward) vs SageMaker's rule vs full and compute-matched data,
-    # each task at the knee of its learning curve (digits 20, MNIST-1D 40, text 6 epochs).
-    "sift-policies": [
-        "bench",
-        "sift",
-        "--datasets",
-        "digits,mnist1d,text",
-        "--epochs",
-        "digits=20,mnist1d=40,text=6",
-        "--seeds",
-        "10",
-        "--policies",
-        "sagemaker,unbiased,stale",
-        "--beta",
-        "1,6",
-        "--threads",
-        "1",
-        "--json",
-        str(RESULTS / "sift-policies.json"),
-        "--plot",
-        str(RESULTS / "sift-policies.png"),
-    ],
+    # Issue 11: the fed-back-loss pruning rules (issue 6's best, and the setting tuned for
+    # issue 11) against full data, full data cut to the same compute, and RS2 at the same compute,
+    # each task at the knee of its learning curve. Two parts (both cores when the machine is
+    # quiet, else one after the other); `sift-policies` merges them.
+    "sift-policies-small": _sift_policies("digits,mnist1d,text", "digits=20,mnist1d=40,text=6"),
+    "sift-policies-large": _sift_policies("mnist1d-large", "mnist1d-large=12"),
     # Warm start: GPT-2 small compiled in a new process whose Inductor cache is warm (run it
     # right after compile-cpu, which compiles the same graphs); "1st-step extra s" is the figure.
     "compile-warm-start": [
@@ -185,16 +190,27 @@ CONFIGS: dict[str, list[str]] = {
 def merge(name: str) -> Path:
     """Write ``name``.json from the result files of the configurations it merges (those
     recorded so far; a missing part is left out and named on stderr)."""
-    results, parts = [], []
+    results, parts, sift = [], [], []
     for part in MERGES[name]:
         path = RESULTS / f"{part}.json"
         if not path.exists():
             print(f"{name}: {part} not recorded yet: left out", file=sys.stderr)
             continue
         data = json.loads(path.read_text(encoding="utf-8"))
-        results.extend(data["results"])
+        if data.get("kind") == "hasten.bench.sift":
+            sift.append(data)
+        else:
+            results.extend(data["results"])
         parts.append(f"{part}.json")
     out = RESULTS / f"{name}.json"
+    if sift:
+        from hasten.bench.plots import plot_sift
+        from hasten.bench.sift_experiment import merge_results
+
+        merged = {**merge_results(sift), "merged_from": parts}
+        out.write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
+        plot_sift(merged, out.with_suffix(".png"))
+        return out
     out.write_text(
         json.dumps(
             {"kind": "hasten.bench.compile", "merged_from": parts, "results": results}, indent=2

@@ -69,6 +69,8 @@ def render_block(name: str) -> str:
         if png.exists():
             parts.append(f"![test accuracy against compute]({png.relative_to(HERE)})\n")
         machine = data["machine"]
+        for extra in data.get("machines", [])[1:]:  # merged parts ran side by side
+            parts.append(f"_Machine (part 2): {machine_line(extra)}._\n")
     elif kind == "hasten.bench.keras":
         from hasten.bench.keras_bench import keras_table
 

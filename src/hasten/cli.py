@@ -241,10 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="does sifting beat simply training less? (accuracy vs compute)",
         description=(
             "On the same data and seeds: full-data training; sifted training (SageMaker's rule\n"
-            "at each beta); and full-data training cut to the sifted run's compute with its own\n"
-            "learning-rate schedule. Compute counts forward=1, backward=2 per sample, scoring\n"
-            "forwards included. Prints accuracy mean ± std, paired differences ± standard error,\n"
-            "compute relative to full data, samples backpropagated and scored, wall time."
+            "at each beta); full-data training cut to the sifted run's compute with its own\n"
+            "learning-rate schedule; and RS2 (a fresh random subset each epoch) at that compute.\n"
+            "Compute counts forward=1, backward=2 per sample, scoring forwards included.\n"
+            "Prints accuracy mean ± std, paired differences ± standard error, compute relative\n"
+            "to full data, samples backpropagated and scored, wall time."
         ),
         epilog=(
             "examples:\n"
@@ -256,9 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sift.add_argument(
         "--datasets",
-        type=_csv(_choices(("digits", "mnist1d", "text"))),
+        type=_csv(_choices(("digits", "mnist1d", "mnist1d-large", "text"))),
         default=["digits", "mnist1d", "text"],
-        help="comma-separated: digits, mnist1d, text (BBC News)",
+        help="comma-separated: digits, mnist1d, mnist1d-large (50k samples), text (BBC News)",
     )
     sift.add_argument("--seeds", type=_positive_int, default=5, help="paired seeds per dataset")
     sift.add_argument("--beta", type=_csv(float), default=[0.5, 1.0], help="beta values")
@@ -266,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policies",
         type=_csv(str),
         default=["sagemaker"],
-        help="policy families to compare with full data: sagemaker, unbiased, stale "
+        help="policy families to compare with full data: sagemaker, unbiased, stale, tuned "
         "(hasten's pruning sampler, no extra forward); none: baseline only",
     )
     sift.add_argument(
@@ -282,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="sift_delay as a fraction of the full run's steps",
     )
     sift.add_argument("--no-matched", action="store_true", help="skip compute-matched runs")
+    sift.add_argument(
+        "--no-rs2", action="store_true", help="skip the RS2 runs (random subset each epoch)"
+    )
     sift.add_argument("--device", default="cpu", help="cpu or cuda")
     sift.add_argument(
         "--plot", metavar="PATH", type=Path, help="also write a PNG of accuracy against compute"
@@ -520,12 +524,13 @@ def _cmd_bench_sift(args: argparse.Namespace) -> int:
         loss_history_length=args.history,
         sift_delay_fraction=args.delay,
         compute_matched=not args.no_matched,
+        rs2=not args.no_rs2,
         epochs=args.epochs,
         device=args.device,
         threads=args.threads,
     )
     per_seed = 1 + ("sagemaker" in config.families) * len(config.betas) * (
-        1 + config.compute_matched
+        1 + config.compute_matched + config.rs2
     )
     total = (
         len(config.tasks) * config.seeds * per_seed

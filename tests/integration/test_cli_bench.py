@@ -71,6 +71,6 @@ def test_bench_sift_digits_tiny(tmp_path, capsys):
     assert "sift-b1" in capsys.readouterr().out
     result = json.loads(path.read_text())
     kinds = [r["policy"] for r in result["runs"]]
-    assert kinds == ["full", "sift-b1", "matched:sift-b1"] * 2
+    assert kinds == ["full", "sift-b1", "matched:sift-b1", "rs2:sift-b1"] * 2
     rows = {r["run"]: r for r in result["summary"]["digits"]["rows"]}
     assert rows["sift-b1"]["compute_vs_full"]["mean"] < 1.0

@@ -41,6 +41,7 @@ def test_every_command_has_help(argv, capsys):
         (["bench", "sift", "--seeds", "0"], "positive integer"),
         (["bench", "sift", "--beta", "x"], "could not convert"),
         (["bench", "sift", "--datasets", "imagenet"], "not one of"),
+        (["bench", "sift", "--datasets", "mnist1d-huge"], "not one of"),
         (["bench", "keras", "--backends", "mxnet"], "not one of"),
         (["bench"], "required"),
         (["demo", "--runs", "turbo"], "not one of eager, compile, sifting, both"),
@@ -186,6 +187,12 @@ def test_sift_and_compile_plots(tmp_path):
                     },
                     {
                         "run": "matched:sift-b1",
+                        "seeds": [0, 1],
+                        "test_acc": row,
+                        "compute_vs_full": {"mean": 0.8},
+                    },
+                    {
+                        "run": "rs2:sift-b1",
                         "seeds": [0, 1],
                         "test_acc": row,
                         "compute_vs_full": {"mean": 0.8},

@@ -1,9 +1,17 @@
-"""The only place the benchmarks touch hasten's own switches (compiler and sifting).
+"""The one place the benchmark runners of :mod:`hasten.bench` train through hasten's switches.
 
-Everything else in :mod:`hasten.bench` goes through these functions, so an API change in
-``hasten.compiler`` or ``hasten.sifting`` is adapted here once. Each ``*_unavailable`` function
-returns ``None`` when the switch can be used, else a one-line reason, so callers can skip a
-candidate with an honest note instead of crashing.
+``compile_bench``, ``training``, ``sift_experiment``, ``pruning_policies``, ``demo`` and
+``keras_bench`` reach ``hasten.compile``, ``hasten.compile_step``, ``SiftingDataloader``,
+``PruningSampler``, ``Scorer`` and ``hasten.keras.compile`` only through these functions, so an
+API change in ``hasten.compiler``, ``hasten.sifting`` or ``hasten.keras`` is adapted here once
+(a test checks that no other runner module imports them). Each ``*_unavailable`` function returns
+``None`` when the switch can be used, else a one-line reason, so callers can skip a candidate with
+an honest note instead of crashing.
+
+Not through here, on purpose: ``doctor`` inspects hasten's own install (imports its parts, reads
+the compile cache), ``machine`` stamps hasten's version, and the study scripts in
+``benchmarks/`` (compiler passes, regions, scoring modes, sifting overhead) import hasten's
+internals directly because the internals are what they measure.
 """
 
 from __future__ import annotations
@@ -20,6 +28,9 @@ __all__ = [
     "compiler_unavailable",
     "hasten_compile",
     "hasten_compile_step",
+    "keras_compile",
+    "pruning_sampler",
+    "scorer",
     "sifting_loader",
     "sifting_unavailable",
 ]
@@ -125,3 +136,50 @@ def sifting_loader(
         seed=seed,
         log_interval=None,
     )
+
+
+def pruning_sampler(
+    num_samples: int,
+    config: dict[str, Any],
+    *,
+    num_epochs: int,
+    seed: int,
+    scorer: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> Any:
+    """``hasten.sifting.PruningSampler(num_samples, config, num_epochs=..., seed=..., scorer=...)``:
+    plans each epoch from the losses the training step feeds back (``sampler.update(losses)``)."""
+    from hasten.sifting import PruningSampler
+
+    return PruningSampler(num_samples, config, num_epochs=num_epochs, seed=seed, scorer=scorer)
+
+
+def scorer(
+    model: nn.Module,
+    dataset: Any,
+    per_sample_loss: Callable[[nn.Module, Any], torch.Tensor],
+    *,
+    batch_size: int,
+    collate_fn: Callable[[Any], Any],
+    autocast_dtype: torch.dtype | None,
+    device: torch.device,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``hasten.sifting.Scorer``: ``scorer(indices) -> losses``, forwards without gradients."""
+    from hasten.sifting import Scorer
+
+    return Scorer(
+        model,
+        dataset,
+        per_sample_loss,
+        batch_size=batch_size,
+        collate_fn=collate_fn,
+        autocast_dtype=autocast_dtype,
+        device=device,
+    )
+
+
+def keras_compile(build: Callable[[], Any], sample: Any, *, precision: str) -> Any:
+    """``hasten.keras.compile(build, sample, precision=..., verbose=False)``: the Keras model
+    hasten picked (its choice in ``model.hasten_report``)."""
+    import hasten.keras as hk
+
+    return hk.compile(build, sample, precision=precision, verbose=False)

@@ -151,18 +151,15 @@ def _compiled(build: Any, jit: bool) -> Any:
 def _setup(name: str, build: Any, data: tuple[Any, Any], info: dict[str, Any]) -> Any:
     import keras
 
-    import hasten.keras as hk
+    from hasten.bench import _hasten_api
 
     x, y = data
     bf16 = name in _BF16
     policy = "mixed_bfloat16" if bf16 else "float32"
     previous = keras.config.dtype_policy()
     if name.startswith("hasten"):
-        model = hk.compile(
-            lambda: _compiled(build, False),
-            (x, y),
-            precision="bf16" if bf16 else "fp32",
-            verbose=False,
+        model = _hasten_api.keras_compile(
+            lambda: _compiled(build, False), (x, y), precision="bf16" if bf16 else "fp32"
         )
         report = model.hasten_report
         info.update(chosen=report.chosen, reason=report.reason, trials=report.as_dict())

@@ -20,8 +20,10 @@ import datetime as _dt
 import importlib.metadata
 import os
 import platform
+import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +31,7 @@ import torch
 __all__ = [
     "cpu_flags",
     "cpu_model",
+    "git_commit",
     "machine_stamp",
     "package_version",
     "torch_threads",
@@ -126,13 +129,36 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def git_commit() -> dict[str, Any] | None:
+    """The commit of the hasten checkout this code runs from, and whether it has uncommitted
+    changes to tracked files (``None`` for an installed copy outside a git checkout)."""
+    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *args], cwd=here, capture_output=True, text=True, timeout=10, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
 def machine_stamp() -> dict[str, Any]:
     """A JSON-ready description of this machine, its software and the moment.
 
     Returns:
         A dict with ``cpu`` (model, flags, logical and usable cores, torch threads), ``memory_gib``,
         ``gpu`` (``None`` without CUDA), ``versions`` (python, torch, hasten, transformers, numpy,
-        torch's CUDA build), ``platform``, ``date_utc`` and ``load_average`` (1/5/15 minutes).
+        torch's CUDA build), ``platform``, ``date_utc``, ``load_average`` (1/5/15 minutes) and
+        ``git`` (the checkout's commit and whether it had uncommitted changes; see
+        :func:`git_commit`).
     """
     from hasten import __version__
 
@@ -161,4 +187,5 @@ def machine_stamp() -> dict[str, Any]:
         "platform": platform.platform(),
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "load_average": load,
+        "git": git_commit(),
     }

@@ -28,29 +28,35 @@ def _save(fig: Any, path: str | Path) -> Path:
     return path
 
 
+def _policy_of(run: str) -> str:
+    """``"matched:X"`` and ``"rs2:X"`` belong to policy ``X``."""
+    return run.split(":", 1)[1] if ":" in run else run
+
+
 def plot_sift(result: dict[str, Any], path: str | Path) -> Path:
     """Test accuracy against compute (% of full data) per task: one point per run kind, with
-    standard-error bars; a policy and its compute-matched baseline share a colour."""
+    standard-error bars; a policy and its compute-matched baselines share a colour (full-data cut:
+    open square, RS2: open triangle)."""
     plt = _pyplot()
     tasks = list(result["summary"])
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), dpi=120, squeeze=False)
     for ax, task in zip(axes[0], tasks):
         rows = result["summary"][task]["rows"]
-        base = {r["run"].removeprefix("matched:") for r in rows if r["run"] != "full"}
+        base = {_policy_of(r["run"]) for r in rows if r["run"] != "full"}
         colours = {name: f"C{i + 1}" for i, name in enumerate(sorted(base))}
         for r in rows:
             frac = 1.0 if r["run"] == "full" else (r.get("compute_vs_full") or {}).get("mean")
             if frac is None:
                 continue
             acc = r["test_acc"]
-            matched = r["run"].startswith("matched:")
-            colour = "C0" if r["run"] == "full" else colours[r["run"].removeprefix("matched:")]
+            baseline = r["run"].split(":", 1)[0] if ":" in r["run"] else None
+            colour = "C0" if r["run"] == "full" else colours[_policy_of(r["run"])]
             ax.errorbar(
                 100 * frac,
                 100 * acc["mean"],
                 yerr=100 * acc["sem"],
-                fmt="s" if matched else "o",
-                mfc="white" if matched else colour,
+                fmt={"matched": "s", "rs2": "^"}.get(baseline or "", "o"),
+                mfc="white" if baseline else colour,
                 color=colour,
                 capsize=3,
                 label=r["run"],

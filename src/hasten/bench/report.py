@@ -50,8 +50,10 @@ def machine_line(machine: dict[str, Any]) -> str:
     gpu = machine.get("gpu")
     where = gpu["name"] if gpu else f"{cpu['usable_cores']} cores of {cpu['model']}"
     v = machine["versions"]
+    git = machine.get("git")
+    commit = f"; commit {git['commit'][:10]}{' (modified)' if git['dirty'] else ''}" if git else ""
     return (
-        f"{where}; torch {v['torch']}, hasten {v['hasten']}; {machine['date_utc']}; "
+        f"{where}; torch {v['torch']}, hasten {v['hasten']}{commit}; {machine['date_utc']}; "
         f"load average {machine.get('load_average')}"
     )
 
@@ -202,6 +204,7 @@ def sift_table(result: dict[str, Any], markdown: bool = False) -> str:
                     f"{100 * acc['mean']:.2f} ± {100 * acc['std']:.2f} ({100 * acc['sem']:.2f})",
                     _pct(r.get("acc_minus_full"), signed=True),
                     _pct(r.get("acc_minus_matched"), signed=True),
+                    _pct(r.get("acc_minus_rs2"), signed=True),
                     "100%" if r["run"] == "full" else _f(cvf and 100 * cvf["mean"], ".1f", "%"),
                     f"{r['flops']['mean'] / 1e9:.3g}",
                     _f(forwarded, ".0f"),
@@ -216,6 +219,7 @@ def sift_table(result: dict[str, Any], markdown: bool = False) -> str:
         "test acc % mean ± std (sem)",
         "Δ vs full (± sem)",
         "Δ vs matched (± sem)",
+        "Δ vs RS2 (± sem)",
         "compute",
         "GFLOPs",
         "fwd samples",

@@ -6,6 +6,9 @@ On the same data, from the same seeds (same initial weights, same shuffles), for
     <policy>      e.g. sift-b0.5, sift-b1: SageMaker's relative rule          (what we sell)
     matched:<p>   all data, cut to the compute <policy> used, with a learning-rate
                   schedule fitted to that shorter run                         (the honest bar)
+    rs2:<p>       RS2 (Okanovic et al. 2023): the same epochs, each on a fresh random
+                  subset (no replacement across epochs) sized to <policy>'s compute,
+                  with its own schedule over its own steps                    (the other bar)
 
 Compute counts forward = 1 and backward = 2 per sample, scoring forwards included: a sifted run
 costs 3 × samples backpropagated + 1 × samples scored. Results are paired by seed: differences
@@ -37,6 +40,7 @@ from hasten.bench.machine import machine_stamp, torch_threads
 from hasten.bench.stats import mean_std
 from hasten.bench.tasks import TASK_NAMES, Task, get_task
 from hasten.bench.training import (
+    RS2,
     Batch,
     FullData,
     Policy,
@@ -51,6 +55,7 @@ __all__ = [
     "POLICY_FAMILIES",
     "SageMakerSift",
     "SiftExperimentConfig",
+    "merge_results",
     "register_policy_family",
     "run_sift_experiment",
     "summarize_runs",
@@ -71,6 +76,8 @@ class SiftExperimentConfig:
         loss_history_length: Losses the sifting percentile is computed over.
         sift_delay_fraction: Sifting starts after this fraction of the full run's steps.
         compute_matched: Also run full data cut to each policy's compute.
+        rs2: Also run RS2 (a fresh random subset each epoch, no replacement across epochs) at
+            each policy's compute.
         epochs: Override the tasks' epoch budgets: one number for every task, or a dict
             ``{task: epochs}`` for some (``None`` / tasks not named: the task's own).
         device: Where to train.
@@ -85,6 +92,7 @@ class SiftExperimentConfig:
     loss_history_length: int = 500
     sift_delay_fraction: float = 0.1
     compute_matched: bool = True
+    rs2: bool = True
     epochs: int | dict[str, int] | None = None
     device: str = "cpu"
     threads: int | None = None
@@ -205,6 +213,7 @@ POLICY_FAMILIES: dict[str, PolicyFamily] = {
     # hasten.sifting.PruningSampler, no extra forward (see hasten.bench.pruning_policies)
     "unbiased": _lazy_family("hasten.bench.pruning_policies", "unbiased_family"),
     "stale": _lazy_family("hasten.bench.pruning_policies", "stale_family"),
+    "tuned": _lazy_family("hasten.bench.pruning_policies", "tuned_family"),
 }
 
 
@@ -257,6 +266,7 @@ def run_sift_experiment(
     with torch_threads(config.threads):
         stamp = machine_stamp()
         _run_all(config, progress, tasks or {})
+    end = machine_stamp()  # a long run: the load at its end too
     return {
         "kind": "hasten.bench.sift",
         "config": asdict(config),
@@ -264,6 +274,8 @@ def run_sift_experiment(
         "runs": [r.to_dict() for r in progress.runs],
         "summary": summarize_runs(progress.runs),
         "machine": stamp,
+        "load_average_end": end["load_average"],
+        "finished_utc": end["date_utc"],
     }
 
 
@@ -286,27 +298,32 @@ def _run_all(config: SiftExperimentConfig, progress: _Progress, tasks: dict[str,
         }
         for seed in range(config.first_seed, config.first_seed + config.seeds):
             # Runs of one seed are interleaved (one epoch at a time) so machine drift hits them
-            # alike; the compute-matched runs need the sifted runs' compute, so they come second.
+            # alike; the compute-matched baselines (full-data cut, RS2) need the sifted runs'
+            # compute, so they come second.
             first = {"full": train_iter(task, FullData(), seed, **common)}
             first.update({p.name: train_iter(task, p, seed, **common) for p in policies})
             done = run_interleaved(first)
             progress.add(task.name, done["full"])
-            matched_runs = {}
+            baselines = {}
             for policy in policies:
                 progress.add(task.name, done[policy.name])
+                budget = math.ceil(done[policy.name].compute / 3)
                 if config.compute_matched:
-                    budget = math.ceil(done[policy.name].compute / 3)
-                    matched_runs[policy.name] = train_iter(
+                    baselines[f"matched:{policy.name}"] = train_iter(
                         task, FullData(), seed, budget=budget, **common
                     )
-            for name, rec in run_interleaved(matched_runs).items():
-                rec.policy = f"matched:{name}"
+                if config.rs2:
+                    rs2 = RS2(budget, f"rs2:{policy.name}")
+                    baselines[rs2.name] = train_iter(task, rs2, seed, budget=budget, **common)
+            for name, rec in run_interleaved(baselines).items():
+                rec.policy = name
                 progress.add(task.name, rec)
 
 
 def summarize_runs(runs: list[RunRecord]) -> dict[str, Any]:
     """Per task and run kind: accuracy mean ± std (± sem), compute relative to full data and the
-    paired accuracy differences (vs full data, and a policy vs its compute-matched baseline)."""
+    paired accuracy differences (vs full data, and a policy vs its compute-matched baselines:
+    ``acc_minus_matched`` for the full-data cut, ``acc_minus_rs2`` for RS2)."""
     out: dict[str, Any] = {}
     for task in dict.fromkeys(r.task for r in runs):
         by_kind: dict[str, dict[int, RunRecord]] = {}
@@ -341,12 +358,55 @@ def summarize_runs(runs: list[RunRecord]) -> dict[str, Any]:
                 row["wall_vs_full"] = mean_std(
                     [recs[s].wall_s / full[s].wall_s for s in paired]
                 ).to_dict()
-            matched = by_kind.get(f"matched:{kind}", {})
-            both = [s for s in seeds if s in matched]
-            if both:
-                row["acc_minus_matched"] = mean_std(
-                    [recs[s].test_acc - matched[s].test_acc for s in both]
-                ).to_dict()
+            for prefix, key in (("matched", "acc_minus_matched"), ("rs2", "acc_minus_rs2")):
+                base = by_kind.get(f"{prefix}:{kind}", {})
+                both = [s for s in seeds if s in base]
+                if both:
+                    row[key] = mean_std(
+                        [recs[s].test_acc - base[s].test_acc for s in both]
+                    ).to_dict()
             rows.append(row)
         out[task] = {"rows": rows}
     return out
+
+
+def merge_results(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several :func:`run_sift_experiment` results on different tasks (for
+    example two processes run side by side), with the summary recomputed from all the runs.
+
+    The configs must agree except for ``tasks`` and ``epochs``; every part's machine stamp is
+    kept (``machines``), the first is ``machine``.
+
+    Raises:
+        ValueError: for no parts, a task in two parts, or configs that differ otherwise.
+    """
+    if not parts:
+        raise ValueError("merge_results needs at least one result")
+    tasks: list[str] = []
+    epochs: dict[str, int | None] = {}
+    for part in parts:
+        config = part["config"]
+        for task in config["tasks"]:
+            if task in tasks:
+                raise ValueError(f"task {task!r} is in two of the results to merge")
+            tasks.append(task)
+            per_task = config["epochs"]
+            epochs[task] = per_task.get(task) if isinstance(per_task, dict) else per_task
+        rest = {k: v for k, v in config.items() if k not in ("tasks", "epochs")}
+        first = {k: v for k, v in parts[0]["config"].items() if k not in ("tasks", "epochs")}
+        if rest != first:
+            diff = sorted(k for k in rest if rest[k] != first.get(k))
+            raise ValueError(f"the results to merge differ in config fields {diff}")
+    runs = [r for part in parts for r in part["runs"]]
+    records = [RunRecord(**r) for r in runs]
+    return {
+        **parts[0],
+        "config": {**parts[0]["config"], "tasks": tasks, "epochs": epochs},
+        "runs": runs,
+        "summary": summarize_runs(records),
+        "machine": parts[0]["machine"],
+        "machines": [p["machine"] for p in parts],
+        "load_average_end": [p.get("load_average_end") for p in parts],
+        "finished_utc": max(str(p.get("finished_utc")) for p in parts),
+        "merged_from_tasks": [p["config"]["tasks"] for p in parts],
+    }

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -38,12 +38,14 @@ from hasten.bench.harness import count_flops, synchronize
 from hasten.bench.tasks import Task, lr_at
 
 __all__ = [
+    "RS2",
     "Batch",
     "FullData",
     "IndexedDataset",
     "Policy",
     "PolicyContext",
     "PolicyRun",
+    "RS2Sampler",
     "RunRecord",
     "evaluate",
     "forward_flops_per_sample",
@@ -155,6 +157,107 @@ class FullData:
 
     def start(self, ctx: PolicyContext) -> PolicyRun:
         return _FullDataRun()
+
+
+class RS2Sampler(Sampler[int]):
+    """RS2 without replacement: each epoch a fresh random subset of ``subset_size`` samples.
+
+    Okanovic et al., "Repeated Random Sampling for Minimizing the Time-to-Accuracy of Learning"
+    (2023). The epochs walk through a random permutation of the data, ``subset_size`` samples at
+    a time, so every sample is seen once before any is seen again; when fewer than
+    ``subset_size`` samples are left, the epoch takes them and completes itself from the head of
+    a new permutation (with those leftovers moved to its end, so no epoch holds a sample twice and
+    every pass over the data still covers each sample exactly once). Call :meth:`set_epoch`
+    with ``0, 1, 2, ...`` in order before iterating each epoch (epochs are drawn in sequence).
+
+    Args:
+        num_samples: Dataset size.
+        subset_size: Samples per epoch, ``1 .. num_samples``.
+        seed: Seeds the permutations (paired runs draw alike).
+    """
+
+    def __init__(self, num_samples: int, subset_size: int, seed: int) -> None:
+        if not 1 <= subset_size <= num_samples:
+            raise ValueError(
+                f"subset_size must be in 1..{num_samples} (the dataset size), got {subset_size}"
+            )
+        self.num_samples, self.subset_size = num_samples, subset_size
+        self._gen = torch.Generator().manual_seed(seed)
+        self._order = torch.randperm(num_samples, generator=self._gen)
+        self._pos = 0  # next unread position in _order
+        self._epoch = -1
+        self._subset = torch.empty(0, dtype=torch.int64)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw ``epoch``'s subset (a no-op when it is drawn already)."""
+        if epoch == self._epoch:
+            return
+        if epoch != self._epoch + 1:
+            raise ValueError(
+                f"RS2Sampler draws epochs in order: expected {self._epoch + 1}, got {epoch}"
+            )
+        self._epoch = epoch
+        k, n = self.subset_size, self.num_samples
+        take = self._order[self._pos : self._pos + k]
+        self._pos += len(take)
+        if len(take) < k:  # this pass is spent: start the next, leftovers last
+            nxt = torch.randperm(n, generator=self._gen)
+            is_left = torch.zeros(n, dtype=torch.bool)
+            is_left[take] = True
+            nxt = torch.cat([nxt[~is_left[nxt]], nxt[is_left[nxt]]])
+            rest = k - len(take)
+            take = torch.cat([take, nxt[:rest]])
+            self._order, self._pos = nxt, rest
+        self._subset = take
+
+    def __len__(self) -> int:
+        return self.subset_size
+
+    def __iter__(self) -> Iterator[int]:
+        if self._epoch < 0:
+            self.set_epoch(0)
+        return iter(self._subset.tolist())
+
+
+class _RS2Run:
+    def __init__(self, sampler: RS2Sampler, loader: DataLoader) -> None:
+        self.sampler, self.loader = sampler, loader
+
+    def batches(self, loader: DataLoader, epoch: int) -> DataLoader:
+        self.sampler.set_epoch(epoch)
+        return self.loader
+
+    def loss(self, losses: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return losses.mean()
+
+    def epoch_reads(self, epoch: int, dataset_size: int) -> int:
+        self.sampler.set_epoch(epoch)
+        return self.sampler.subset_size
+
+
+@dataclass(frozen=True)
+class RS2:
+    """The RS2 baseline: ``task.epochs`` epochs, each on a fresh random subset (no replacement
+    across epochs, see :class:`RS2Sampler`), the subset sized so the run backpropagates
+    ``budget`` samples in all. Run it with ``train_iter(..., budget=budget)``, so the learning
+    rate follows its own (shorter) schedule, exactly as the compute-matched full-data cut does.
+
+    Attributes:
+        budget: Samples to backpropagate over the whole run (the compute to match, divided by 3).
+        name: The run's label in results (e.g. ``"rs2:stale-b1-fed"``).
+    """
+
+    budget: int
+    name: str = "rs2"
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": "rs2", "budget": self.budget}
+
+    def start(self, ctx: PolicyContext) -> _RS2Run:
+        n = len(ctx.dataset)
+        subset = min(n, max(1, math.ceil(self.budget / ctx.epochs)))
+        sampler = RS2Sampler(n, subset, ctx.seed)
+        return _RS2Run(sampler, ctx.make_loader(sampler))
 
 
 @dataclass

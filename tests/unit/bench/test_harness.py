@@ -157,6 +157,8 @@ def test_machine_stamp_fields():
     assert s["versions"]["hasten"] and s["versions"]["torch"] == torch.__version__
     assert s["date_utc"].endswith("+00:00")
     assert (s["gpu"] is None) == (not torch.cuda.is_available())
+    git = s["git"]  # tests run from a checkout: its commit, 40 hex digits
+    assert git is None or (len(git["commit"]) == 40 and git["dirty"] in (True, False))
 
 
 @pytest.mark.gpu

@@ -20,6 +20,13 @@ def test_families_are_registered_and_named():
     stale = se.POLICY_FAMILIES["stale"](config, 100)
     assert [p.name for p in stale] == ["stale-b1-fed", "stale-b1-age2-bf16", "stale-b0.5-fed"]
     assert stale[1].describe()["scorer"] == {"batch_size": 1024, "autocast_dtype": "bfloat16"}
+    tuned = se.POLICY_FAMILIES["tuned"](config, 100)
+    assert len(tuned) == len(pp.TUNED_SETTINGS) and tuned[0].name == "stale-b1-fed"
+    for policy, settings in zip(tuned, pp.TUNED_SETTINGS):
+        assert policy.scorer is None  # fed-back losses only: no scoring forward
+        assert policy.config == {"policy": "stale_relative", **settings}
+        a = settings["anneal_fraction"]
+        assert policy.name.endswith(f"-a{a:g}") == bool(a)
 
 
 @pytest.mark.slow

@@ -153,7 +153,7 @@ def test_prepare_model_time_is_kept_apart_and_weights_restored():
 @pytest.mark.parametrize("name", TASK_NAMES)
 def test_task_models_build_and_score(name):
     task = get_task(name)
-    if name == "mnist1d":  # the real task generates 10,000 signals (seconds); 500 suffice here
+    if name.startswith("mnist1d"):  # the real tasks generate 10,000-62,500 signals (seconds)
         task = task.with_(dataset_kwargs={"num_samples": 500})
     data = task.data()
     model = task.build_model(0, data)
@@ -228,3 +228,17 @@ def test_compiling_during_a_run_goes_to_compile_s_not_to_the_step_clock(monkeypa
     assert state["compiled"] >= 0.02 * rec.steps > 0
     assert rec.compile_s >= state["compiled"]  # warm-up plus the mid-run compiling
     assert rec.wall_s < state["compiled"]  # a clock that included the sleeps would exceed it
+
+
+def test_mnist1d_large_is_the_same_recipe_on_at_least_50k_training_samples():
+    large, small = get_task("mnist1d-large"), get_task("mnist1d")
+    n = large.dataset_kwargs["num_samples"]
+    assert large.dataset == small.dataset == "mnist1d"
+    assert round(0.8 * n) >= 50_000  # make_dataset holds out 20 % as the test set
+    for field in ("batch_size", "lr", "weight_decay", "warmup"):
+        assert getattr(large, field) == getattr(small, field)
+    tiny = large.with_(dataset_kwargs={"num_samples": 500})
+    data = tiny.data()
+    assert (len(data.y_train), len(data.y_test)) == (400, 100)
+    model = tiny.build_model(0, data)
+    assert type(model) is type(small.build_model(0, data))
