@@ -8,7 +8,7 @@ in the rank's own count: the process and its waited-for children): one rank; two
 local rank 0 compiles and rank 1 reuses its cache (hasten's default); two ranks compiling on their
 own (``rank_wait_s=0``). The figure is the CPU time of each rank's first training step (the step
 that compiles), summed over ranks, and its ratio to the one-rank job's. GPT-2 small is compiled
-with ``regions="blocks"`` (whole, under DDP, it falls back to eager: see the script). Results go to
+with ``regions="blocks"`` (whole, under DDP, it fell back to eager when this was recorded: see the script). Results go to
 ``benchmarks/results/compile-ranks.json`` with the machine stamp.
 """
 

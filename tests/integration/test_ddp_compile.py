@@ -24,3 +24,10 @@ def test_compiled_ddp_matches_eager_ddp_and_compiles_a_real_graph(tmp_path):
         # the trap hasten avoids: torch.compile(DDP(nn.Sequential(...))) captures nothing
         assert r["trap_graphs"] == 0
     assert ranks[0]["eager"] != ranks[1]["eager"]  # the ranks really trained on different data
+    for r in ranks:
+        # a graph hasten splits (at returned logits) inside DDPOptimizer's buckets still compiles
+        lm = r["split_lm"]
+        assert lm["fallback"] is None and lm["graphs"] >= 1 and lm["split"], lm
+        for a, b in zip(lm["eager"], lm["compiled"]):
+            assert a == pytest.approx(b, rel=1e-4)  # fp32
+        assert lm["max_param_diff"] < 1e-5
