@@ -39,6 +39,7 @@ import torch
 
 from hasten.sifting._runtime import loader_batch_size, loader_drop_last
 from hasten.sifting._stream import PassStream
+from hasten.sifting.core.dist import all_gather_ints
 from hasten.sifting.loader import SiftingDataloader
 
 __all__ = ["SiftedEpochs", "expected_batches"]
@@ -198,16 +199,7 @@ class SiftedEpochs:
 
 
 def _check_same_on_all_ranks(value: int) -> None:
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    )
-    mine = torch.tensor([value], dtype=torch.int64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    values = [int(t.item()) for t in every]  # HOST SYNC: once, at construction
+    values = all_gather_ints(value)  # HOST SYNC: once, at construction
     if len(set(values)) > 1:
         raise ValueError(
             f"ranks disagree on the epoch length ({values}): every rank must build the sifting "

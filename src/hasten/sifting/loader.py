@@ -40,12 +40,10 @@ from torch import Tensor, nn
 
 from hasten._modules import module_device
 from hasten.sifting._runtime import (
-    gather_counts,
     get_loader_generator_states,
     is_iterable_style,
     loader_batch_size,
     loader_drop_last,
-    rank,
     set_loader_generator_states,
     shuffles_globally,
 )
@@ -59,6 +57,7 @@ from hasten.sifting.batch import (
 )
 from hasten.sifting.buffer import KeptBuffer
 from hasten.sifting.config import coerce_sift_config
+from hasten.sifting.core.dist import gather_counts, rank
 from hasten.sifting.exceptions import (
     LossImplementationNotProvidedException,
     UnsupportedDataFormatException,

@@ -42,40 +42,15 @@ import torch
 from torch import Tensor
 from torch.utils.data import Sampler
 
+from hasten.sifting.core.dist import all_gather_objects, world_size
+from hasten.sifting.core.dist import rank as this_rank
 from hasten.sifting.feedback import SampleLosses
-from hasten.sifting.policy import (
-    SiftPolicy,
-    policy_for,
-    register_policy,
-    relative_probabilistic_select,
-)
-from hasten.sifting.pruning_config import (
-    StaleRelativePruningConfig,
-    UnbiasedPruningConfig,
-    coerce_pruning_config,
-)
-from hasten.sifting.unbiased import unbiased_select
+from hasten.sifting.policy import SiftPolicy, policy_for
+from hasten.sifting.pruning_config import coerce_pruning_config
 
 __all__ = ["PruningSampler", "PruningStats"]
 
 _STATE_VERSION = 1
-
-register_policy(
-    UnbiasedPruningConfig,
-    lambda cfg: (
-        lambda losses, history, gen: unbiased_select(
-            losses, history, gen, prune_ratio=cfg.prune_ratio, threshold=cfg.threshold
-        )
-    ),
-)
-register_policy(
-    StaleRelativePruningConfig,
-    lambda cfg: (
-        lambda losses, history, gen: relative_probabilistic_select(
-            losses, history, gen, beta_value=cfg.beta_value
-        )
-    ),
-)
 
 
 @dataclass
@@ -604,11 +579,7 @@ class PruningSampler(Sampler[int]):
         if self._seed_checked:
             return
         self._seed_checked = True
-        dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return
-        seeds: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(seeds, self.seed)
+        seeds = all_gather_objects(self.seed)
         if len(set(seeds)) > 1:
             raise ValueError(
                 f"PruningSampler seeds differ across ranks ({seeds}): every rank must take the "
@@ -645,10 +616,8 @@ def _length(data_source: Any) -> int:
 
 
 def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    dist = torch.distributed
-    active = dist.is_available() and dist.is_initialized()
-    world = num_replicas if num_replicas is not None else (dist.get_world_size() if active else 1)
-    me = rank if rank is not None else (dist.get_rank() if active else 0)
+    world = num_replicas if num_replicas is not None else world_size()
+    me = rank if rank is not None else this_rank()
     for name, v in (("num_replicas", world), ("rank", me)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{name} must be an int, got {v!r}")
