@@ -333,13 +333,6 @@ class TreeBatch(SiftingBatch):
         tensors = [t.to(device, non_blocking=non_blocking) for t in self.tensors]
         return TreeBatch(self.spec, tensors, self.lists, self.size, self.dim, self.padding)
 
-    def __getstate__(self) -> tuple:
-        return (self.spec, self.tensors, self.lists, self.size, self.dim, self.padding)
-
-    def __setstate__(self, state: tuple) -> None:
-        self.spec, self.tensors, self.lists, self.size, self.dim = state[:5]
-        self.padding = state[5] if len(state) > 5 else None
-
 
 class DefaultBatchTransform(SiftingBatchTransform):
     """The built-in codec as a :class:`SiftingBatchTransform` (used when none is given)."""
