@@ -44,6 +44,7 @@ from torch.utils.data import Sampler
 
 from hasten.sifting.core.dist import all_gather_objects, world_size
 from hasten.sifting.core.dist import rank as this_rank
+from hasten.sifting.core.state import TRANSIENT, from_state, to_state
 from hasten.sifting.feedback import SampleLosses
 from hasten.sifting.policy import SiftPolicy, policy_for
 from hasten.sifting.pruning_config import coerce_pruning_config
@@ -94,19 +95,26 @@ class PruningStats:
 
 @dataclass
 class _Plan:
+    """One epoch's plan; the fields not marked transient round-trip through ``state_dict()``."""
+
     epoch: int
     pruning: bool
     order: Tensor  # this rank's indices for the epoch, int64 on CPU
     weights: Tensor | None  # aligned with order; None: all ones
     started: bool = False
     cursor: int = 0  # samples fed back so far this epoch
-    drawn: int = (
-        0  # indices taken from this epoch's iterator (by the DataLoader, prefetch included)
-    )
-    len_read_after: bool = False  # len() was read after the epoch was drawn
-    exhausted: bool = False  # the DataLoader drew every index of the epoch
-    batch: int | None = None  # samples per batch, learned from the epoch's first update
-    _on: dict[str, Tensor] = field(default_factory=dict, repr=False)
+    # indices taken from this epoch's iterator (by the DataLoader, prefetch included)
+    drawn: int = field(default=0, metadata=TRANSIENT)
+    len_read_after: bool = field(
+        default=False, metadata=TRANSIENT
+    )  # len() was read after the epoch was drawn
+    exhausted: bool = field(
+        default=False, metadata=TRANSIENT
+    )  # the DataLoader drew every index of the epoch
+    batch: int | None = field(
+        default=None, metadata=TRANSIENT
+    )  # samples per batch, from the first update
+    _on: dict[str, Tensor] = field(default_factory=dict, repr=False, metadata=TRANSIENT)
 
     def on(self, name: str, device: torch.device) -> Tensor:
         """``order`` or ``weights`` on ``device``, copied once per epoch."""
@@ -431,16 +439,7 @@ class PruningSampler(Sampler[int]):
             "rank": self.rank,
             "generator": self._generator.get_state(),
             "table": self.table.state_dict(),
-            "plan": None
-            if plan is None
-            else {
-                "epoch": plan.epoch,
-                "pruning": plan.pruning,
-                "order": plan.order.clone(),
-                "weights": None if plan.weights is None else plan.weights.clone(),
-                "started": plan.started,
-                "cursor": plan.cursor,
-            },
+            "plan": None if plan is None else to_state(plan),
             "stats": dataclasses.asdict(self.stats),
             "seed_checked": self._seed_checked,
             "warned_no_feedback": self._warned_no_feedback,
@@ -480,18 +479,7 @@ class PruningSampler(Sampler[int]):
         self._generator.set_state(state["generator"])
         self.table.load_state_dict(state["table"])
         p = state["plan"]
-        self._plan = (
-            None
-            if p is None
-            else _Plan(
-                epoch=p["epoch"],
-                pruning=p["pruning"],
-                order=p["order"].clone(),
-                weights=None if p["weights"] is None else p["weights"].clone(),
-                started=p["started"],
-                cursor=p["cursor"],
-            )
-        )
+        self._plan = None if p is None else from_state(_Plan, p)
         self._weight_table = None
         stats = dict(state["stats"])
         self.stats = PruningStats(**stats)

@@ -114,6 +114,13 @@ class Rule:
     ``None`` when it depends on the losses."""
     elsewhere: str = ""
     """What to use instead, for the front-ends that do not run it (part of the error)."""
+    example: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Constructor keywords of a typical config that sifts from the first batch: the contract
+    test runs the rule with it (``config(**example)``)."""
+
+    def make_example(self) -> Any:
+        """A config built from :attr:`example`."""
+        return self.config(**self.example)
 
     def runs_in(self, frontend: str) -> bool:
         """Whether ``frontend`` runs this rule."""
@@ -134,6 +141,7 @@ def register_rule(
     keep_probability: KeepProbability | None = None,
     nominal_keep_rate: Callable[[Any], float] | None = None,
     elsewhere: str = "",
+    example: Mapping[str, Any] | None = None,
 ) -> Rule:
     """Register a rule (see the module docstring); returns it.
 
@@ -152,7 +160,16 @@ def register_rule(
         )
     if not dataclasses.is_dataclass(config):
         raise ValueError(f"a rule's config must be a dataclass, got {config!r}")
-    rule = Rule(name, config, policy, fronts, keep_probability, nominal_keep_rate, elsewhere)
+    rule = Rule(
+        name,
+        config,
+        policy,
+        fronts,
+        keep_probability,
+        nominal_keep_rate,
+        elsewhere,
+        dict(example or {}),
+    )
     old = _RULES.get(name)
     if old is not None and old.config is not config:
         raise ValueError(f"a sifting rule named {name!r} is already registered")
@@ -353,6 +370,11 @@ register_rule(
     nominal_keep_rate=lambda cfg: cfg.expected_keep_rate,
     elsewhere="For PruningSampler, use StaleRelativePruningConfig(beta_value=...): the same rule "
     "on the losses the training step fed back.",
+    example={
+        "beta_value": 1.0,
+        "loss_history_length": 256,
+        "loss_based_sift_config": {"sift_config": {"sift_delay": 0}},
+    },
 )
 register_rule(
     "stale_relative",
@@ -364,6 +386,7 @@ register_rule(
     ),
     elsewhere="For SiftingDataloader, use RelativeProbabilisticSiftConfig(beta_value=..., "
     "loss_history_length=...): the same rule on freshly scored batches.",
+    example={"beta_value": 1.0, "max_loss_age": 1},
 )
 register_rule(
     "unbiased",
@@ -375,4 +398,5 @@ register_rule(
     keep_probability=_unbiased_keep_probability,
     elsewhere="Use it through PruningSampler(dataset, UnbiasedPruningConfig(...)): it needs no "
     "extra forward, and sampler.update(losses) applies its weights to the training loss.",
+    example={"prune_ratio": 0.5, "threshold": "mean", "anneal_fraction": 0.0},
 )

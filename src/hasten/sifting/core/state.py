@@ -2,26 +2,26 @@
 
 A front-end keeps what must survive a checkpoint in a dataclass; :func:`to_state` turns it into
 plain data (tensors cloned, lists and dicts copied: a state dict never aliases live state) and
-:func:`from_state` / :func:`load_state` read it back. Fields declared with :func:`transient` are
-left out (what is re-derived on resume, or caches).
+:func:`from_state` / :func:`load_state` read it back. Fields with ``metadata=TRANSIENT`` are left
+out (what is re-derived on resume, or caches).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from torch import Tensor
 
-__all__ = ["from_state", "load_state", "to_state", "transient"]
+__all__ = ["TRANSIENT", "from_state", "load_state", "to_state"]
 
 _D = TypeVar("_D")
-_TRANSIENT = {"state": False}
 
-
-def transient(**kwargs: Any) -> Any:
-    """A dataclass field left out of the state (``dataclasses.field`` arguments pass through)."""
-    return dataclasses.field(metadata=_TRANSIENT, **kwargs)
+TRANSIENT: Mapping[str, bool] = types.MappingProxyType({"state": False})
+"""Field metadata that leaves a field out of the state:
+``field(default=0, metadata=TRANSIENT)``."""
 
 
 def _persisted(cls_or_obj: Any) -> list[dataclasses.Field]:
