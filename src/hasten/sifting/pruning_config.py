@@ -1,4 +1,4 @@
-"""Configs of the pruning policies that :class:`~hasten.sifting.pruning.PruningSampler` runs.
+"""Configs of the pruning policies that :class:`~hasten.sifting.sampler.PruningSampler` runs.
 
 These policies decide, at the start of every epoch, which dataset indices to load, from the loss
 each sample had the last time the training step saw it (fed back through
