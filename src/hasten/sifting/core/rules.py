@@ -16,16 +16,16 @@ against) and the front-ends that run it:
   ``history`` = the finite ones). Its rules may weight the kept samples:
   ``PruningSampler.update`` applies the weights to the loss it returns.
 
-Built-in rules:
+Built-in rules (name, config, front-end, keep law):
 
-========================  ===================================  ========  ==========================
-name                      config                               runs in   keep law
-========================  ===================================  ========  ==========================
-``relative_probabilistic``  :class:`RelativeProbabilisticSiftConfig`  loader    ``p ** beta`` (p: percentile)
-``stale_relative``        :class:`StaleRelativePruningConfig`  sampler   ``p ** beta`` on stored losses
-``unbiased``              :class:`UnbiasedPruningConfig`       sampler   ``1 - prune_ratio`` below the
-                                                                         threshold, else 1; reweighted
-========================  ===================================  ========  ==========================
+- ``relative_probabilistic``: :class:`~hasten.sifting.config.RelativeProbabilisticSiftConfig`,
+  loader; keep with probability ``p ** beta_value``, ``p`` the loss's percentile in the history
+  (SageMaker's rule; about ``1 / (1 + beta)`` kept);
+- ``stale_relative``: :class:`~hasten.sifting.pruning_config.StaleRelativePruningConfig`,
+  sampler; the same law on the stored losses;
+- ``unbiased``: :class:`~hasten.sifting.pruning_config.UnbiasedPruningConfig`, sampler; a loss
+  below the threshold is kept with probability ``1 - prune_ratio`` and then weighted
+  ``1 / (1 - prune_ratio)``, every other sample is kept (InfoBatch's rule).
 
 The unbiased rule is sampler-only: its point is to need no extra forward (the sampler reads
 losses the training step computed anyway) and its weights must reach the training loss, which
@@ -335,13 +335,13 @@ def _register_half(
         _PENDING_POLICIES[config] = policy
     if config in _PENDING_NAMES and config in _PENDING_POLICIES:
         name, fronts = _PENDING_NAMES.pop(config)
-        rate = getattr(config, "expected_keep_rate", None)
         _RULES[name] = Rule(
             name,
             config,
             _PENDING_POLICIES.pop(config),
             fronts,
-            nominal_keep_rate=(lambda cfg: float(cfg.expected_keep_rate)) if rate else None,
+            # as before the registry: the config's expected_keep_rate, else 1 (no sifting)
+            nominal_keep_rate=lambda cfg: float(getattr(cfg, "expected_keep_rate", 1.0)),
         )
 
 
