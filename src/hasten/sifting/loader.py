@@ -47,13 +47,7 @@ from hasten.sifting._runtime import (
     shuffles_globally,
 )
 from hasten.sifting._stream import PassStream
-from hasten.sifting.batch import (
-    DefaultBatchTransform,
-    SiftingBatch,
-    SiftingBatchTransform,
-    TreeBatch,
-    move_to_device,
-)
+from hasten.sifting.batch import BatchCodec, SiftingBatch, SiftingBatchTransform, codec_for
 from hasten.sifting.buffer import KeptBuffer
 from hasten.sifting.config import coerce_sift_config
 from hasten.sifting.core.dist import gather_counts, rank
@@ -213,11 +207,7 @@ class SiftingDataloader:
         self.batch_transforms = batch_transforms
         self.log_batch_data = bool(log_batch_data)
         self.batch_format_index = batch_format_index
-        self._padding = padding
-        self._transform: SiftingBatchTransform = batch_transforms or DefaultBatchTransform(
-            batch_format_index, padding
-        )
-        self._default_codec = batch_transforms is None
+        self._codec: BatchCodec = codec_for(batch_transforms, batch_format_index, padding)
         self._device = None if device is None else torch.device(device)
         self.log_interval = log_interval or 0
 
@@ -628,7 +618,7 @@ class SiftingDataloader:
         self, batch: Any, chunk: dict[str, Any], device: torch.device
     ) -> tuple[SiftingBatch, Tensor, int, tuple[int, int]]:
         """A buffered chunk of a checkpoint, selected again from its replayed source batch."""
-        sb, _, _ = self._to_sifting_batch(batch, device)
+        sb, _, _ = self._codec.encode(batch, device)
         rows = chunk["rows"].to(device=device, dtype=torch.int64)
         n = rows.numel()
         if n and int(rows.max()) >= len(sb):  # HOST SYNC: resume only
@@ -640,25 +630,8 @@ class SiftingDataloader:
         start = int(chunk["start"])
         return sb.select(rows), rows + start, n, (int(chunk["batch"]), start)
 
-    def _to_sifting_batch(self, batch: Any, device: torch.device) -> tuple[SiftingBatch, Any, Any]:
-        """``batch`` on ``device`` as a :class:`SiftingBatch`, plus the loss's two arguments
-        (transformed and original batch)."""
-        non_blocking = device.type == "cuda"
-        if self._default_codec:
-            sb: SiftingBatch = TreeBatch.from_batch(
-                batch, self.batch_format_index, self._padding
-            ).to(device, non_blocking)
-            original = sb.to_batch()  # type: ignore[attr-defined]
-            return sb, original, original
-        original = move_to_device(batch, device, non_blocking)
-        sb = self._transform.transform(original)
-        return sb, sb, original
-
     def _count(self, batch: Any) -> int:
-        if self._default_codec:
-            n = len(TreeBatch.from_batch(batch, self.batch_format_index))
-        else:
-            n = len(self._transform.transform(batch))
+        n = self._codec.count(batch)
         self._check_batch_size(n)
         return n
 
@@ -683,7 +656,7 @@ class SiftingDataloader:
     def _sift(self, batch: Any, device: torch.device, stage: dict[str, float]) -> None:
         stats = self.stats
         t0 = time.perf_counter()
-        sb, transformed, original = self._to_sifting_batch(batch, device)
+        sb, transformed, original = self._codec.encode(batch, device)
         n = len(sb)
         self._check_batch_size(n)
         if self._pos.out_batch_size is None:
@@ -760,7 +733,7 @@ class SiftingDataloader:
         sb, ids = self._buffer.pop(n)
         t1 = time.perf_counter()
         stage["accumulate"] += t1 - t0
-        out = self._transform.reverse_transform(sb)
+        out = self._codec.decode(sb)
         stage["reverse_transform"] += time.perf_counter() - t1
         self._pos.sifted_out_this_epoch += 1
         self.last_sample_ids = ids
