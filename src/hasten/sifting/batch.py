@@ -25,6 +25,7 @@ Functions for your own loop::
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -514,6 +515,10 @@ def _is_per_sample_list(obj: Any) -> bool:
 def _flatten(obj: Any, tensors: list[Tensor], lists: list[list[Any]]) -> Structure:
     """``obj``'s structure; its tensors and per-sample lists are appended to the two lists."""
     leaves, spec = pytree.tree_flatten(obj, is_leaf=_is_per_sample_list)
+    if all(isinstance(x, Tensor) for x in leaves):  # the common case, kept cheap
+        start = len(tensors)
+        tensors.extend(leaves)
+        return Structure(spec, _tensor_leaves(start, len(leaves)))
     out = []
     for k, x in enumerate(leaves):
         if isinstance(x, Tensor):
@@ -534,6 +539,11 @@ def _flatten(obj: Any, tensors: list[Tensor], lists: list[list[Any]]) -> Structu
                 f"{_FIX}"
             )
     return Structure(spec, tuple(out))
+
+
+@functools.lru_cache(maxsize=256)
+def _tensor_leaves(start: int, n: int) -> tuple[_TensorLeaf, ...]:
+    return tuple(_TensorLeaf(i) for i in range(start, start + n))
 
 
 def _unflatten(structure: Structure, tensors: Sequence[Any], lists: Sequence[Any]) -> Any:

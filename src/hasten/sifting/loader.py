@@ -172,6 +172,7 @@ class SiftingDataloader:
         self.orig_dataloader = orig_dataloader
         self.model = _check_model(model)
         self.loss_impl: SupportsLoss = _check_loss(loss_impl)
+        self._loss_name = f"{type(self.loss_impl).__name__}.loss"  # for messages
         if batch_transforms is not None and not (
             callable(getattr(batch_transforms, "transform", None))
             and callable(getattr(batch_transforms, "reverse_transform", None))
@@ -719,7 +720,7 @@ class SiftingDataloader:
             modules = self._modules = list(self.model.modules())
         with eval_modules(modules):
             losses = self.loss_impl.loss(self.model, transformed, original)
-        return check_per_sample_losses(losses, n, f"{type(self.loss_impl).__name__}.loss")
+        return check_per_sample_losses(losses, n, self._loss_name)
 
     def _ready(self) -> int:
         """Sifted batches that every rank can yield now."""

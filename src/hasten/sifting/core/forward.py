@@ -9,8 +9,7 @@ own mode put back afterwards; then one check that the loss gave one float per sa
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,25 +20,37 @@ from hasten.sifting.exceptions import LossImplementationNotProvidedException
 __all__ = ["check_per_sample_losses", "eval_modules", "scoring_mode"]
 
 
-@contextlib.contextmanager
-def eval_modules(modules: Sequence[nn.Module]) -> Iterator[None]:
+class eval_modules:
     """``modules`` in eval mode under ``torch.inference_mode()``; each one's mode restored.
 
     Flag by flag (not ``model.eval()``): mixed modes come back exactly, and
-    ``nn.Module.__setattr__`` is skipped, which matters once per batch.
+    ``nn.Module.__setattr__`` is skipped, which matters once per batch. A class rather than a
+    generator-based context manager: it is entered once per incoming batch.
     """
-    modes = [m.training for m in modules]
-    for m in modules:
-        object.__setattr__(m, "training", False)
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        for m, mode in zip(modules, modes):
-            object.__setattr__(m, "training", mode)
+
+    __slots__ = ("_inference", "_modes", "_modules")
+
+    def __init__(self, modules: Sequence[nn.Module]) -> None:
+        self._modules = modules
+        self._modes: list[bool] = []
+        self._inference = torch.inference_mode()
+
+    def __enter__(self) -> None:
+        modules = self._modules
+        self._modes = [m.training for m in modules]
+        for m in modules:
+            object.__setattr__(m, "training", False)
+        self._inference.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._inference.__exit__(*exc)
+        finally:
+            for m, mode in zip(self._modules, self._modes):
+                object.__setattr__(m, "training", mode)
 
 
-def scoring_mode(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+def scoring_mode(model: nn.Module) -> eval_modules:
     """Every module of ``model`` in eval mode under ``torch.inference_mode()``; modes restored."""
     return eval_modules(list(model.modules()))
 
