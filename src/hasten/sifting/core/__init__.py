@@ -13,3 +13,5 @@
 Nothing is imported here, so that the config modules can use :mod:`~hasten.sifting.core.fields`
 while the registry imports them.
 """
+
+__all__: list[str] = []
