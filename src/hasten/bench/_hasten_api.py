@@ -114,10 +114,8 @@ def sifting_loader(
         def loss(
             self, model: nn.Module, transformed_batch: Any, original_batch: Any = None
         ) -> torch.Tensor:
-            # hasten's built-in codec hands over a flattened batch that can rebuild the user's.
-            to_batch = getattr(transformed_batch, "to_batch", None)
-            batch = to_batch() if callable(to_batch) else transformed_batch
-            losses = per_sample_loss(model, batch)
+            # without batch_transforms, the loss gets the batch in the loader's own structure
+            losses = per_sample_loss(model, transformed_batch)
             on_scored(int(losses.shape[0]))
             return losses
 

@@ -30,15 +30,13 @@ pulls the same number of batches from the sifting loader, whose own collectives 
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-
-from hasten.sifting._runtime import loader_batch_size, loader_drop_last
 from hasten.sifting._stream import PassStream
+from hasten.sifting.core import length as length_rule
+from hasten.sifting.core.dist import all_gather_ints
 from hasten.sifting.loader import SiftingDataloader
 
 __all__ = ["SiftedEpochs", "expected_batches"]
@@ -47,10 +45,11 @@ __all__ = ["SiftedEpochs", "expected_batches"]
 def expected_batches(loader: SiftingDataloader, passes: int = 1, *, delay: bool = True) -> int:
     """Batches that ``passes`` data passes of ``loader`` yield at the config's expected keep rate.
 
-    Counts the batches passed through unscored during the sift delay (from the start of training
-    when ``delay``, else none: the steady state) and the kept samples of the rest divided by the
+    The length rule of :mod:`hasten.sifting.core.length`, which ``len(loader)`` uses too: the
+    batches passed through unscored during the sift delay (from the start of training when
+    ``delay``, else none: the steady state) and the kept samples of the rest divided by the
     batch size, per pass (the last batch of a pass rounds up, or down under ``drop_last``). Uses
-    the config's expected rate, never the observed one, so every rank gets the same number.
+    the rule's nominal rate, never the observed one, so every rank gets the same number.
 
     Raises:
         TypeError: the wrapped loader has no length or no batch size.
@@ -58,40 +57,17 @@ def expected_batches(loader: SiftingDataloader, passes: int = 1, *, delay: bool 
     """
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise ValueError(f"passes must be an int >= 1, got {passes!r}")
-    orig = loader.orig_dataloader
-    try:
-        n_in = len(orig)
-    except TypeError as err:
-        raise TypeError(
-            f"fixed-length epochs need the length of the wrapped loader, and "
-            f"{type(orig).__name__} has none (an IterableDataset without __len__?); give the "
-            "dataset a __len__, or train by steps and pass epoch_length=<batches per epoch>"
-        ) from err
-    batch = loader_batch_size(orig)
-    if batch is None:
-        raise TypeError(
-            "fixed-length epochs need the wrapped loader's batch size, and it has none (a custom "
-            "batch_sampler without batch_size?); pass epoch_length=<batches per epoch>"
-        )
-    samples = n_in * batch
-    batch_sampler = getattr(orig, "batch_sampler", None)
-    drop_last = loader_drop_last(orig)
-    if not drop_last and type(batch_sampler) is torch.utils.data.BatchSampler:
-        with contextlib.suppress(TypeError):  # the last batch of a pass may be short
-            samples = len(batch_sampler.sampler)  # type: ignore[arg-type]
+    fix = "pass epoch_length=<batches per epoch>"
+    shape = loader._pass_shape(no_length_fix=f"train by steps and {fix}", no_batch_size_fix=fix)
     cfg = loader.sift_config
-    rate = float(getattr(cfg, "expected_keep_rate", 1.0))
-    delay_left = cfg.sift_delay if delay else 0
-    total = 0
-    for _ in range(passes):
-        if cfg.repeat_delay_per_epoch and delay:
-            delay_left = cfg.sift_delay
-        passed = min(delay_left, n_in)
-        delay_left -= passed
-        kept = rate * max(0, samples - passed * batch)
-        batches = math.floor(kept / batch + 1e-9) if drop_last else math.ceil(kept / batch - 1e-9)
-        total += passed + batches
-    return total
+    return length_rule.expected_batches(
+        shape,
+        loader._nominal_keep_rate,
+        sift_delay=cfg.sift_delay if delay else 0,
+        repeat_delay_per_epoch=cfg.repeat_delay_per_epoch,
+        passes=passes,
+        out_batch_size=loader._pos.out_batch_size,
+    )
 
 
 class SiftedEpochs:
@@ -198,16 +174,7 @@ class SiftedEpochs:
 
 
 def _check_same_on_all_ranks(value: int) -> None:
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    )
-    mine = torch.tensor([value], dtype=torch.int64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    values = [int(t.item()) for t in every]  # HOST SYNC: once, at construction
+    values = all_gather_ints(value)  # HOST SYNC: once, at construction
     if len(set(values)) > 1:
         raise ValueError(
             f"ranks disagree on the epoch length ({values}): every rank must build the sifting "

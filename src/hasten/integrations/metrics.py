@@ -173,7 +173,7 @@ def sifting_metrics(
         "samples_sifted_out": sifted_out,
         "samples_dropped": dropped,
         "nonfinite_losses": bad,
-        "data_epoch": float(max(loader._epoch, 0)),
+        "data_epoch": float(max(loader.data_epoch, 0)),
     }
     if scored > 0:
         out["keep_rate"] = (scored - sifted_out) / scored

@@ -1,5 +1,5 @@
-"""What the loader needs to know about its surroundings: the wrapped loader's generators and
-sampler, and torch.distributed."""
+"""What the loader needs to know about the DataLoader it wraps: its batch size, ``drop_last``,
+generators and sampler. (torch.distributed: :mod:`hasten.sifting.core.dist`.)"""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "gather_counts",
     "get_loader_generator_states",
     "is_iterable_style",
     "loader_batch_size",
     "loader_drop_last",
-    "rank",
     "set_loader_generator_states",
     "shuffles_globally",
 ]
@@ -94,26 +92,3 @@ def shuffles_globally(loader: Any) -> bool:
     """Whether the loader shuffles from the global RNG (its order cannot be replayed)."""
     sampler = getattr(loader, "sampler", None)
     return isinstance(sampler, torch.utils.data.RandomSampler) and sampler.generator is None
-
-
-def rank() -> int:
-    """This process's rank (0 outside torch.distributed)."""
-    if _distributed():
-        return torch.distributed.get_rank()
-    return 0
-
-
-def _distributed() -> bool:
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def gather_counts(counts: Tensor) -> list[list[int]]:
-    """Every rank's ``counts`` as host ints; one host sync (plus one all_gather under DDP)."""
-    if not _distributed():
-        return [counts.tolist()]  # HOST SYNC
-    dist = torch.distributed
-    t = counts if dist.get_backend() == "nccl" else counts.cpu()
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t)
-    return torch.stack(out).tolist()  # HOST SYNC

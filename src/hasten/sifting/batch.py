@@ -25,18 +25,21 @@ Functions for your own loop::
 
 from __future__ import annotations
 
-import collections
+import functools
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils import _pytree as pytree
 
 from hasten.sifting.exceptions import UnsupportedDataFormatException
 from hasten.sifting.padding import Padding, pad_concat
 
 __all__ = [
+    "BatchCodec",
     "DefaultBatchTransform",
     "ListBatch",
     "SiftingBatch",
@@ -44,6 +47,7 @@ __all__ = [
     "TensorBatch",
     "TreeBatch",
     "batch_size_of",
+    "codec_for",
     "concat_batches",
     "move_to_device",
     "select_rows",
@@ -206,13 +210,10 @@ def _same_type(batches: Sequence[SiftingBatch], cls: type) -> list[Any]:
 
 # --------------------------------------------------------------------------- built-in codec
 #
-# A batch is flattened into a spec (its structure, hashable and comparable) plus two leaf lists:
-# tensors (split along `dim`) and per-sample Python lists. Spec nodes:
-#   ("t", i)                      tensor leaf i
-#   ("l", i, type)                per-sample list leaf i, rebuilt as `type`
-#   ("c", value)                  constant
-#   ("s", type, children)         tuple / list / namedtuple
-#   ("m", type, extra, keys, children)   mapping (extra: defaultdict's default_factory)
+# A batch is flattened by torch.utils._pytree (tuples, lists, namedtuples, dicts, OrderedDict,
+# defaultdict, deque) into a Structure (pytree's spec, plus what each leaf is: a tensor, a
+# per-sample list, a constant, or a mapping pytree does not know, such as BatchEncoding, which is
+# flattened in turn) and two leaf lists: tensors (split along `dim`) and per-sample Python lists.
 
 
 class TreeBatch(SiftingBatch):
@@ -222,7 +223,7 @@ class TreeBatch(SiftingBatch):
 
     def __init__(
         self,
-        spec: tuple,
+        spec: Structure,
         tensors: list[Tensor],
         lists: list[list[Any]],
         size: int,
@@ -248,7 +249,7 @@ class TreeBatch(SiftingBatch):
         dim = 0 if batch_format_index is None else batch_format_index
         tensors: list[Tensor] = []
         lists: list[list[Any]] = []
-        spec = _flatten(batch, (), tensors, lists)
+        spec = _flatten(batch, tensors, lists)
         size = _infer_size(spec, tensors, lists, dim, batch_format_index)
         return cls(spec, tensors, lists, size, dim, padding)
 
@@ -284,8 +285,8 @@ class TreeBatch(SiftingBatch):
             if other.spec != first.spec:
                 raise UnsupportedDataFormatException(
                     "sifting merges rows of consecutive batches, but two batches differ in "
-                    f"structure or constant fields:\n  {_show_spec(first.spec)}\n  "
-                    f"{_show_spec(other.spec)}\nMake every batch the same structure (constants "
+                    f"structure or constant fields:\n  {_show(first.spec)}\n  "
+                    f"{_show(other.spec)}\nMake every batch the same structure (constants "
                     "equal), or pass batch_transforms=<a SiftingBatchTransform>"
                 )
         dim = first.dim
@@ -294,9 +295,9 @@ class TreeBatch(SiftingBatch):
             try:
                 tensors.append(torch.cat(leaves, dim=dim))
             except RuntimeError as err:  # lengths differ (dynamic padding), or worse
-                padded = pad_concat(leaves, dim, first.padding, _leaf_keys(first.spec)[i])
+                padded = pad_concat(leaves, dim, first.padding, _tensor_paths(first.spec)[i])
                 if padded is None:
-                    path = _leaf_paths(first.spec)[("t", i)]
+                    path = _fmt_path(_tensor_paths(first.spec)[i])
                     shapes = ", ".join(str(tuple(t.shape)) for t in leaves)
                     raise UnsupportedDataFormatException(
                         f"cannot merge rows of batch{path} across batches (shapes {shapes}): "
@@ -333,16 +334,28 @@ class TreeBatch(SiftingBatch):
         tensors = [t.to(device, non_blocking=non_blocking) for t in self.tensors]
         return TreeBatch(self.spec, tensors, self.lists, self.size, self.dim, self.padding)
 
-    def __getstate__(self) -> tuple:
-        return (self.spec, self.tensors, self.lists, self.size, self.dim, self.padding)
 
-    def __setstate__(self, state: tuple) -> None:
-        self.spec, self.tensors, self.lists, self.size, self.dim = state[:5]
-        self.padding = state[5] if len(state) > 5 else None
+class BatchCodec(ABC):
+    """How the loader takes its batches apart and puts them back: the one path every batch
+    takes, whichever codec is in use (see :func:`codec_for`)."""
+
+    @abstractmethod
+    def encode(self, batch: Any, device: torch.device) -> tuple[SiftingBatch, Any, Any]:
+        """``batch`` on ``device`` as a :class:`SiftingBatch`, plus the loss's two arguments
+        (``transformed_batch``, ``original_batch``)."""
+
+    @abstractmethod
+    def count(self, batch: Any) -> int:
+        """Samples in ``batch`` (where it is, without moving it)."""
+
+    @abstractmethod
+    def decode(self, sifting_batch: SiftingBatch) -> Any:
+        """A sifted batch back in the wrapped loader's form."""
 
 
-class DefaultBatchTransform(SiftingBatchTransform):
-    """The built-in codec as a :class:`SiftingBatchTransform` (used when none is given)."""
+class DefaultBatchTransform(SiftingBatchTransform, BatchCodec):
+    """The built-in codec (used when no transform is given), also as a
+    :class:`SiftingBatchTransform`. The loss gets the batch in its own structure."""
 
     def __init__(
         self, batch_format_index: int | None = None, padding: Padding | None = None
@@ -357,6 +370,48 @@ class DefaultBatchTransform(SiftingBatchTransform):
         if not isinstance(sifting_batch, TreeBatch):
             raise TypeError(f"expected a TreeBatch, got {type(sifting_batch).__name__}")
         return sifting_batch.to_batch()
+
+    def encode(self, batch: Any, device: torch.device) -> tuple[SiftingBatch, Any, Any]:
+        # flatten first, then move the tensor leaves only
+        sb = self.transform(batch).to(device, device.type == "cuda")
+        original = sb.to_batch()
+        return sb, original, original
+
+    def count(self, batch: Any) -> int:
+        return len(self.transform(batch))
+
+    def decode(self, sifting_batch: SiftingBatch) -> Any:
+        return self.reverse_transform(sifting_batch)
+
+
+class _TransformCodec(BatchCodec):
+    """A user's :class:`SiftingBatchTransform` (SageMaker's protocol) as the loader's codec: the
+    loss gets the transformed batch and the original one."""
+
+    def __init__(self, transform: SiftingBatchTransform) -> None:
+        self.transform = transform
+
+    def encode(self, batch: Any, device: torch.device) -> tuple[SiftingBatch, Any, Any]:
+        original = move_to_device(batch, device, device.type == "cuda")
+        sb = self.transform.transform(original)
+        return sb, sb, original
+
+    def count(self, batch: Any) -> int:
+        return len(self.transform.transform(batch))
+
+    def decode(self, sifting_batch: SiftingBatch) -> Any:
+        return self.transform.reverse_transform(sifting_batch)
+
+
+def codec_for(
+    batch_transforms: SiftingBatchTransform | None,
+    batch_format_index: int | None = None,
+    padding: Padding | None = None,
+) -> BatchCodec:
+    """The codec for a loader's arguments: the user's transform, else the built-in codec."""
+    if batch_transforms is None:
+        return DefaultBatchTransform(batch_format_index, padding)
+    return _TransformCodec(batch_transforms)
 
 
 # --------------------------------------------------------------------------- functional API
@@ -404,7 +459,7 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False)
     try:
         tensors: list[Tensor] = []
         lists: list[list[Any]] = []
-        spec = _flatten(batch, (), tensors, lists)
+        spec = _flatten(batch, tensors, lists)
     except UnsupportedDataFormatException:
         to = getattr(batch, "to", None)
         return to(device) if callable(to) else batch
@@ -415,63 +470,171 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False)
 # --------------------------------------------------------------------------- flatten / unflatten
 
 
-def _flatten(obj: Any, path: tuple, tensors: list[Tensor], lists: list[list[Any]]) -> tuple:
-    if isinstance(obj, Tensor):
-        tensors.append(obj)
-        return ("t", len(tensors) - 1)
-    if isinstance(obj, _SCALARS):
-        return ("c", obj)
-    if isinstance(obj, Mapping):
-        keys = tuple(obj.keys())
-        children = tuple(_flatten(obj[k], (*path, k), tensors, lists) for k in keys)
-        extra = obj.default_factory if isinstance(obj, collections.defaultdict) else None
-        return ("m", type(obj), extra, keys, children)
-    if isinstance(obj, (list, tuple)):
-        if obj and all(isinstance(x, _SCALARS) for x in obj):
-            lists.append(list(obj))
-            return ("l", len(lists) - 1, type(obj))
-        children = tuple(_flatten(x, (*path, i), tensors, lists) for i, x in enumerate(obj))
-        return ("s", type(obj), children)
-    raise UnsupportedDataFormatException(
-        f"batch{_fmt_path(path)} is {_describe(obj)}: the built-in batch codec splits tensors, "
-        f"tuples/lists/dicts/BatchEncoding of them, and lists of strings or numbers. {_FIX}"
+@dataclass(frozen=True)
+class _TensorLeaf:
+    index: int  # into the tensor list
+
+
+@dataclass(frozen=True)
+class _ListLeaf:
+    index: int  # into the per-sample list list
+    kind: type  # rebuilt as this type
+
+
+@dataclass(frozen=True)
+class _Constant:
+    value: Any  # copied as is; equal in batches whose rows are merged
+
+
+@dataclass(frozen=True)
+class _MappingLeaf:
+    kind: type  # a Mapping type pytree does not know (BatchEncoding, UserDict ...)
+    structure: Structure  # of the mapping as a dict
+
+
+@dataclass(frozen=True)
+class Structure:
+    """A batch's structure without its data: pytree's spec of its containers and what each of
+    its leaves is. Hashable, and equal for batches whose rows can be merged."""
+
+    spec: pytree.TreeSpec
+    leaves: tuple[Any, ...]
+
+
+def _is_per_sample_list(obj: Any) -> bool:
+    """A list or tuple of scalars: one entry per sample (what ``default_collate`` makes of a
+    string field), kept whole instead of being taken apart by pytree."""
+    return (
+        isinstance(obj, (list, tuple))
+        and not hasattr(obj, "_fields")  # a namedtuple of scalars is a record of constants
+        and bool(obj)
+        and all(isinstance(x, _SCALARS) for x in obj)
     )
 
 
-def _unflatten(spec: tuple, tensors: list[Tensor], lists: list[list[Any]]) -> Any:
-    kind = spec[0]
-    if kind == "t":
-        return tensors[spec[1]]
-    if kind == "c":
-        return spec[1]
-    if kind == "l":
-        leaf = lists[spec[1]]
-        return leaf if spec[2] is list else spec[2](leaf)
-    if kind == "s":
-        cls, children = spec[1], spec[2]
-        items = [_unflatten(c, tensors, lists) for c in children]
-        if cls is tuple or cls is list:
-            return cls(items)
-        if hasattr(cls, "_fields"):  # namedtuple
-            return cls(*items)
-        return cls(items)
-    cls, extra, keys, children = spec[1], spec[2], spec[3], spec[4]
-    data = {k: _unflatten(c, tensors, lists) for k, c in zip(keys, children)}
-    if cls is dict:
-        return data
-    if extra is not None:
-        return cls(extra, data)
+def _flatten(obj: Any, tensors: list[Tensor], lists: list[list[Any]]) -> Structure:
+    """``obj``'s structure; its tensors and per-sample lists are appended to the two lists."""
+    leaves, spec = pytree.tree_flatten(obj, is_leaf=_is_per_sample_list)
+    if all(isinstance(x, Tensor) for x in leaves):  # the common case, kept cheap
+        start = len(tensors)
+        tensors.extend(leaves)
+        return Structure(spec, _tensor_leaves(start, len(leaves)))
+    out = []
+    for k, x in enumerate(leaves):
+        if isinstance(x, Tensor):
+            tensors.append(x)
+            out.append(_TensorLeaf(len(tensors) - 1))
+        elif isinstance(x, _SCALARS):
+            out.append(_Constant(x))
+        elif _is_per_sample_list(x):
+            lists.append(list(x))
+            out.append(_ListLeaf(len(lists) - 1, type(x)))
+        elif isinstance(x, Mapping):
+            out.append(_MappingLeaf(type(x), _flatten(dict(x), tensors, lists)))
+        else:
+            path = _fmt_path(_key_path(obj, k))
+            raise UnsupportedDataFormatException(
+                f"batch{path} is {_describe(x)}: the built-in batch codec splits tensors, "
+                "tuples/lists/dicts/BatchEncoding of them, and lists of strings or numbers. "
+                f"{_FIX}"
+            )
+    return Structure(spec, tuple(out))
+
+
+@functools.lru_cache(maxsize=256)
+def _tensor_leaves(start: int, n: int) -> tuple[_TensorLeaf, ...]:
+    return tuple(_TensorLeaf(i) for i in range(start, start + n))
+
+
+def _unflatten(structure: Structure, tensors: Sequence[Any], lists: Sequence[Any]) -> Any:
+    """The batch of ``structure`` around the given leaves."""
+    values = []
+    for leaf in structure.leaves:
+        kind = type(leaf)
+        if kind is _TensorLeaf:
+            values.append(tensors[leaf.index])
+        elif kind is _Constant:
+            values.append(leaf.value)
+        elif kind is _ListLeaf:
+            items = lists[leaf.index]
+            values.append(items if leaf.kind is list else leaf.kind(items))
+        else:
+            values.append(_rebuild_mapping(leaf, _unflatten(leaf.structure, tensors, lists)))
+    return pytree.tree_unflatten(values, structure.spec)
+
+
+def _rebuild_mapping(leaf: _MappingLeaf, data: dict[Any, Any]) -> Any:
     try:
-        return cls(data)
+        return leaf.kind(data)
     except Exception as err:
         raise UnsupportedDataFormatException(
-            f"cannot rebuild a {cls.__name__} batch from a dict (its constructor does not take "
-            f"one: {err}). {_FIX}"
+            f"cannot rebuild a {leaf.kind.__name__} batch from a dict (its constructor does not "
+            f"take one: {err}). {_FIX}"
         ) from err
 
 
+def _key_path(obj: Any, k: int) -> tuple:
+    """The path (keys, positions, attribute names) of pytree leaf ``k`` of ``obj``."""
+    keyed, _ = pytree.tree_flatten_with_path(obj, is_leaf=_is_per_sample_list)
+    return tuple(_plain_key(key) for key in keyed[k][0])
+
+
+def _plain_key(key: Any) -> Any:
+    for attr in ("key", "idx", "name"):  # MappingKey, SequenceKey, GetAttrKey
+        if hasattr(key, attr):
+            return getattr(key, attr)
+    return str(key)
+
+
+def _leaf_paths(structure: Structure, prefix: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    """``(path, leaf)`` for every leaf of ``structure``, mappings pytree does not know expanded:
+    the one walk over a structure, for messages and pad values (never on the hot path)."""
+    skeleton = pytree.tree_unflatten([None] * len(structure.leaves), structure.spec)
+    keyed, _ = pytree.tree_flatten_with_path(skeleton)
+    for (keys, _), leaf in zip(keyed, structure.leaves):
+        path = prefix + tuple(_plain_key(key) for key in keys)
+        if isinstance(leaf, _MappingLeaf):
+            yield from _leaf_paths(leaf.structure, path)
+        else:
+            yield path, leaf
+
+
+def _tensor_paths(structure: Structure) -> list[tuple]:
+    """The path of every tensor leaf, by tensor index."""
+    return [path for path, leaf in _leaf_paths(structure) if isinstance(leaf, _TensorLeaf)]
+
+
+def _list_paths(structure: Structure) -> list[tuple]:
+    """The path of every per-sample list, by list index."""
+    return [path for path, leaf in _leaf_paths(structure) if isinstance(leaf, _ListLeaf)]
+
+
+def _show(structure: Structure) -> str:
+    """The structure with ``<tensor>`` and ``<list>`` in place of the data."""
+
+    class _Marks:
+        def __init__(self, mark: str) -> None:
+            self.mark = mark
+
+        def __getitem__(self, i: int) -> Any:
+            return _Mark(self.mark)
+
+    return repr(_unflatten(structure, _Marks("<tensor>"), _Marks("<list>")))
+
+
+class _Mark:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def __iter__(self) -> Iterator[Any]:  # a per-sample tuple rebuilt around a mark
+        return iter([self])
+
+
 def _infer_size(
-    spec: tuple,
+    spec: Structure,
     tensors: list[Tensor],
     lists: list[list[Any]],
     dim: int,
@@ -479,7 +642,7 @@ def _infer_size(
 ) -> int:
     for i, t in enumerate(tensors):
         if t.ndim <= dim:
-            path = _leaf_paths(spec)[("t", i)]
+            path = _fmt_path(_tensor_paths(spec)[i])
             raise UnsupportedDataFormatException(
                 f"batch{path} is a {t.ndim}-d tensor, with no sample dimension {dim}: every "
                 f"tensor in a batch needs one. {_FIX}"
@@ -491,9 +654,8 @@ def _infer_size(
         )
     if all(s == sizes[0] for s in sizes):
         return sizes[0]
-    paths = _leaf_paths(spec)
-    names = [("t", i) for i in range(len(tensors))] + [("l", i) for i in range(len(lists))]
-    detail = ", ".join(f"batch{paths[n]}: {s}" for n, s in zip(names, sizes))
+    paths = _tensor_paths(spec) + _list_paths(spec)
+    detail = ", ".join(f"batch{_fmt_path(p)}: {s}" for p, s in zip(paths, sizes))
     hint = ""
     if (
         batch_format_index is None
@@ -509,50 +671,6 @@ def _infer_size(
         f"{dim} ({detail}).{hint} Otherwise pass batch_transforms=<a SiftingBatchTransform> "
         "that says which rows belong together"
     )
-
-
-def _leaf_paths(spec: tuple, path: tuple = (), out: dict | None = None) -> dict[tuple, str]:
-    out = {} if out is None else out
-    kind = spec[0]
-    if kind in ("t", "l"):
-        out[(kind, spec[1])] = _fmt_path(path)
-    elif kind == "s":
-        for i, c in enumerate(spec[2]):
-            _leaf_paths(c, (*path, i), out)
-    elif kind == "m":
-        for k, c in zip(spec[3], spec[4]):
-            _leaf_paths(c, (*path, k), out)
-    return out
-
-
-def _leaf_keys(spec: tuple, path: tuple = (), out: list | None = None) -> list[tuple]:
-    """The path (keys and positions) of every tensor leaf, by leaf index."""
-    out = [] if out is None else out
-    kind = spec[0]
-    if kind == "t":
-        out.append(path)
-    elif kind == "s":
-        for i, c in enumerate(spec[2]):
-            _leaf_keys(c, (*path, i), out)
-    elif kind == "m":
-        for k, c in zip(spec[3], spec[4]):
-            _leaf_keys(c, (*path, k), out)
-    return out
-
-
-def _show_spec(spec: tuple) -> str:
-    kind = spec[0]
-    if kind == "t":
-        return "<tensor>"
-    if kind == "l":
-        return "<list>"
-    if kind == "c":
-        return repr(spec[1])
-    if kind == "s":
-        inner = ", ".join(_show_spec(c) for c in spec[2])
-        return f"{spec[1].__name__}({inner})"
-    inner = ", ".join(f"{k!r}: {_show_spec(c)}" for k, c in zip(spec[3], spec[4]))
-    return f"{spec[1].__name__}({{{inner}}})"
 
 
 def _fmt_path(path: tuple) -> str:

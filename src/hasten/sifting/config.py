@@ -15,24 +15,21 @@ object is (at any level)::
 Configs are frozen dataclasses, validated on construction: a bad value raises
 :class:`~hasten.sifting.exceptions.SiftConfigValidationException` naming the field and the fix.
 
-New selection policies register their config class in :data:`SIFT_CONFIGS` (see
-:func:`register_sift_config`) and a policy in :mod:`hasten.sifting.policy`; a dict picks one with
-its ``"policy"`` key (default ``"relative_probabilistic"``, SageMaker's rule).
+Every rule (config class and policy) is registered in :mod:`hasten.sifting.core.rules`; a dict
+picks one with its ``"policy"`` key (default ``"relative_probabilistic"``, SageMaker's rule).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from hasten.sifting.core.fields import beta_value, from_mapping, integer, nested, set_field
 from hasten.sifting.exceptions import SiftConfigValidationException
 
 __all__ = [
-    "SIFT_CONFIGS",
     "LossConfig",
     "RelativeProbabilisticSiftConfig",
     "SiftingBaseConfig",
@@ -56,7 +53,7 @@ class SiftingBaseConfig:
     """Restart the delay at the beginning of every epoch (the loss history is kept)."""
 
     def __post_init__(self) -> None:
-        _set(self, "sift_delay", _integer(self.sift_delay, "sift_delay", minimum=0))
+        set_field(self, "sift_delay", integer(self.sift_delay, "sift_delay", minimum=0))
         if not isinstance(self.repeat_delay_per_epoch, bool):
             raise SiftConfigValidationException(
                 f"repeat_delay_per_epoch must be True or False, got "
@@ -72,7 +69,7 @@ class LossConfig:
     """When sifting is active: a :class:`SiftingBaseConfig` or an equivalent dict."""
 
     def __post_init__(self) -> None:
-        _set(self, "sift_config", _nested(self.sift_config, SiftingBaseConfig, "sift_config"))
+        set_field(self, "sift_config", nested(self.sift_config, SiftingBaseConfig, "sift_config"))
 
 
 @dataclass(frozen=True)
@@ -94,27 +91,16 @@ class RelativeProbabilisticSiftConfig:
     """Delay settings: a :class:`LossConfig` or an equivalent dict."""
 
     def __post_init__(self) -> None:
-        beta = self.beta_value
-        if isinstance(beta, bool) or not isinstance(beta, numbers.Real):
-            raise SiftConfigValidationException(
-                f"beta_value must be a positive number, got {beta!r} ({type(beta).__name__}); "
-                "for example beta_value=1.0 keeps about 50 % of the samples"
-            )
-        if not math.isfinite(beta) or beta <= 0:
-            raise SiftConfigValidationException(
-                f"beta_value must be a positive, finite number, got {beta!r}; the keep rate is "
-                "1/(1+beta_value): 0.5 keeps 67 %, 1.0 keeps 50 %, 3.0 keeps 25 %"
-            )
-        _set(self, "beta_value", float(beta))
-        _set(
+        set_field(self, "beta_value", beta_value(self.beta_value))
+        set_field(
             self,
             "loss_history_length",
-            _integer(self.loss_history_length, "loss_history_length", minimum=1),
+            integer(self.loss_history_length, "loss_history_length", minimum=1),
         )
-        _set(
+        set_field(
             self,
             "loss_based_sift_config",
-            _nested(self.loss_based_sift_config, LossConfig, "loss_based_sift_config"),
+            nested(self.loss_based_sift_config, LossConfig, "loss_based_sift_config"),
         )
 
     @property
@@ -135,95 +121,43 @@ class RelativeProbabilisticSiftConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RelativeProbabilisticSiftConfig:
         """Build from a (possibly nested) dict; unknown keys raise."""
-        return _from_mapping(cls, data, "sift_config")
+        return from_mapping(cls, data, "sift_config")
 
     def to_dict(self) -> dict[str, Any]:
         """The config as nested plain dicts, the shape SageMaker accepts."""
         return dataclasses.asdict(self)
 
 
-SIFT_CONFIGS: dict[str, type] = {"relative_probabilistic": RelativeProbabilisticSiftConfig}
-"""Registered sifting config classes by name; a dict config selects one with ``"policy"``."""
+def __getattr__(name: str) -> Any:
+    # SIFT_CONFIGS: the config classes of the rules the loader runs, by name; a live, read-only
+    # view of hasten.sifting.core.rules.RULES (resolved on use: the registry imports this module)
+    if name == "SIFT_CONFIGS":
+        from hasten.sifting.core.rules import LOADER, configs_for
+
+        return configs_for(LOADER)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register_sift_config(name: str, config_cls: type[_C]) -> type[_C]:
-    """Make ``config_cls`` selectable as ``{"policy": name, ...}``. Returns ``config_cls``."""
-    if name in SIFT_CONFIGS and SIFT_CONFIGS[name] is not config_cls:
-        raise ValueError(f"a sifting config named {name!r} is already registered")
-    SIFT_CONFIGS[name] = config_cls
+    """Deprecated: use :func:`hasten.sifting.core.rules.register_rule` (name, config and policy
+    in one call). Makes ``config_cls`` selectable as ``{"policy": name, ...}``."""
+    from hasten.sifting.core.rules import LOADER, _register_half
+
+    _register_half(config_cls, name=name, frontend=LOADER)
     return config_cls
 
 
 def coerce_sift_config(config: Any) -> Any:
-    """Return ``config`` as a config object: objects of a registered class pass, dicts convert.
+    """Return ``config`` as a config object the loader runs: objects pass, dicts convert.
+
+    A thin wrapper of :func:`hasten.sifting.core.rules.coerce_config` for the ``"loader"``
+    front-end.
 
     Raises:
         SiftConfigValidationException: for a dict with unknown keys or bad values, an unknown
-            ``"policy"`` name, or an object that is not a sifting config.
+            ``"policy"`` name, an object that is not a sifting config, or a rule the loader does
+            not run (the message names what to use instead).
     """
-    if isinstance(config, tuple(SIFT_CONFIGS.values())):
-        return config
-    if isinstance(config, Mapping):
-        data = dict(config)
-        name = data.pop("policy", "relative_probabilistic")
-        if name not in SIFT_CONFIGS:
-            raise SiftConfigValidationException(
-                f"unknown sifting policy {name!r}; registered: {', '.join(sorted(SIFT_CONFIGS))}"
-            )
-        return _from_mapping(SIFT_CONFIGS[name], data, "sift_config")
-    if config is None:
-        raise SiftConfigValidationException(
-            "sift_config is required: pass RelativeProbabilisticSiftConfig(beta_value=1.0, "
-            "loss_history_length=500) or the equivalent dict"
-        )
-    raise SiftConfigValidationException(
-        f"sift_config must be a sifting config object or a dict, got {type(config).__name__}; "
-        "pass RelativeProbabilisticSiftConfig(...) or the equivalent dict"
-    )
+    from hasten.sifting.core.rules import LOADER, coerce_config
 
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _set(obj: object, name: str, value: Any) -> None:
-    object.__setattr__(obj, name, value)  # frozen dataclass: normalise in __post_init__ only
-
-
-def _integer(value: Any, name: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise SiftConfigValidationException(
-            f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})"
-        )
-    if value < minimum:
-        raise SiftConfigValidationException(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _nested(value: Any, cls: type[_C], name: str) -> _C:
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, Mapping):
-        return _from_mapping(cls, value, name)
-    raise SiftConfigValidationException(
-        f"{name} must be a {cls.__name__} or a dict, got {type(value).__name__}"
-    )
-
-
-def _from_mapping(cls: type[_C], data: Mapping[str, Any], name: str) -> _C:
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(str(k) for k in data if k not in known)
-    if unknown:
-        raise SiftConfigValidationException(
-            f"unknown key(s) {unknown} in {name} for {cls.__name__}; allowed keys: {sorted(known)}"
-        )
-    required = {
-        f.name
-        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    }
-    missing = sorted(required - set(data))
-    if missing:
-        raise SiftConfigValidationException(
-            f"missing key(s) {missing} in {name} for {cls.__name__}"
-        )
-    return cls(**data)
+    return coerce_config(config, LOADER, what="sift_config")

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hasten.sifting.core.dist import comm_device, is_distributed
+
 __all__ = ["SampleLosses"]
 
 UNSEEN = -1
@@ -110,12 +112,12 @@ class SampleLosses:
         sync (normally one rank's), its epoch the latest of theirs; samples nobody recorded keep
         their value. Collective: every rank must call it at the same point.
         """
-        dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        if not is_distributed():
             return
+        dist = torch.distributed
         losses, seen, dirty = self.losses, self.epoch_seen, self._dirty
         assert dirty is not None
-        comm = losses.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        comm = comm_device(losses.device)
         packed = torch.stack((torch.where(dirty, losses, 0.0).double(), dirty.double())).to(comm)
         packed = torch.where(torch.isinf(packed), 1e300, packed)  # inf * 0 would give NaN
         stamps = torch.where(dirty, seen, UNSEEN).to(comm)

@@ -27,12 +27,12 @@ batches. Each kept row is yielded once; the policy decides which rows are kept (
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
 import warnings
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,25 +40,21 @@ from torch import Tensor, nn
 
 from hasten._modules import module_device
 from hasten.sifting._runtime import (
-    gather_counts,
     get_loader_generator_states,
     is_iterable_style,
-    loader_batch_size,
     loader_drop_last,
-    rank,
     set_loader_generator_states,
     shuffles_globally,
 )
 from hasten.sifting._stream import PassStream
-from hasten.sifting.batch import (
-    DefaultBatchTransform,
-    SiftingBatch,
-    SiftingBatchTransform,
-    TreeBatch,
-    move_to_device,
-)
+from hasten.sifting.batch import BatchCodec, SiftingBatch, SiftingBatchTransform, codec_for
 from hasten.sifting.buffer import KeptBuffer
 from hasten.sifting.config import coerce_sift_config
+from hasten.sifting.core.dist import gather_counts, rank
+from hasten.sifting.core.forward import check_per_sample_losses, eval_modules
+from hasten.sifting.core.length import PassShape, expected_batches, pass_shape
+from hasten.sifting.core.rules import rule_of
+from hasten.sifting.core.state import from_state, to_state
 from hasten.sifting.exceptions import (
     LossImplementationNotProvidedException,
     UnsupportedDataFormatException,
@@ -66,7 +62,7 @@ from hasten.sifting.exceptions import (
 from hasten.sifting.history import LossHistory
 from hasten.sifting.loss import SupportsLoss, as_loss
 from hasten.sifting.padding import Padding
-from hasten.sifting.policy import SiftPolicy, policy_for
+from hasten.sifting.policy import SiftPolicy
 from hasten.sifting.stats import STAGES, SiftingStats
 
 __all__ = ["SiftingDataloader"]
@@ -79,7 +75,29 @@ _sagemaker_logger = logging.getLogger(SAGEMAKER_LOGGER)
 
 _STATE_VERSION = 2
 # 1: buffered rows stored as SiftingBatch objects (needed torch.load(weights_only=False));
-# 2: the whole state is plain (tensors, numbers, strings, lists, dicts), rows stored by position
+# 2: the whole state is plain (tensors, numbers, strings, lists, dicts), rows stored by position.
+# The keys of version 2 are _Position's fields plus those state_dict() adds.
+
+
+@dataclass
+class _Position:
+    """Where the loader is, as it round-trips through ``state_dict()`` (one key per field)."""
+
+    epoch: int = -1  # data passes started
+    sampler_epoch: int | None = None  # last value given to the wrapped loader's set_epoch
+    in_epoch: bool = False
+    batches_in: int = 0  # this pass
+    samples_in: int = 0  # this pass
+    short_batch_seen: bool = False
+    delay_done: int = 0  # steps passed through (this pass with repeat_delay_per_epoch)
+    delay_done_epoch_start: int = 0
+    out_batch_size: int | None = None
+    # mid-pass: the wrapped loader's generators as the pass began (to replay its order)
+    loader_generator_states: list[Tensor] | None = None
+    rank_fills: list[int] | None = None  # kept rows per rank this pass
+    sifted_out_this_epoch: int = 0  # sifted batches yielded this pass
+    warned_nonfinite: bool = False
+    warned_delay: bool = False
 
 
 class SiftingDataloader:
@@ -89,8 +107,10 @@ class SiftingDataloader:
     positional and keyword arguments); hasten's extras are keyword-only.
 
     Args:
-        sift_config: A :class:`~hasten.sifting.config.RelativeProbabilisticSiftConfig` (or a
-            registered config of another policy), or the equivalent dict.
+        sift_config: A :class:`~hasten.sifting.config.RelativeProbabilisticSiftConfig` (or the
+            config of another rule the loader runs, see :mod:`hasten.sifting.core.rules`), or
+            the equivalent dict. A config of a sampler-only rule (``UnbiasedPruningConfig``,
+            ``StaleRelativePruningConfig``) raises, naming ``PruningSampler``.
         orig_dataloader: The DataLoader (or any re-iterable of batches) to wrap.
         batch_transforms: Optional :class:`~hasten.sifting.batch.SiftingBatchTransform` for
             batch formats the built-in codec does not handle.
@@ -123,8 +143,6 @@ class SiftingDataloader:
         stats: A :class:`~hasten.sifting.stats.SiftingStats`, updated as batches go by.
         last_sample_ids: For the last yielded batch, the position of each row in its epoch's
             stream of samples (int64 tensor, ``None`` for batches passed through unscored).
-        last_weights: Per-row weights of the last yielded batch from a reweighting policy
-            (``None`` when the policy gives none).
 
     Length, epochs, resume: see :meth:`__len__`, :meth:`set_epoch` and :meth:`state_dict`.
     Reading ``len()`` fixes the length of every later ``for`` loop (``len()`` is then exact, as
@@ -154,6 +172,7 @@ class SiftingDataloader:
         self.orig_dataloader = orig_dataloader
         self.model = _check_model(model)
         self.loss_impl: SupportsLoss = _check_loss(loss_impl)
+        self._loss_name = f"{type(self.loss_impl).__name__}.loss"  # for messages
         if batch_transforms is not None and not (
             callable(getattr(batch_transforms, "transform", None))
             and callable(getattr(batch_transforms, "reverse_transform", None))
@@ -189,48 +208,32 @@ class SiftingDataloader:
         self.batch_transforms = batch_transforms
         self.log_batch_data = bool(log_batch_data)
         self.batch_format_index = batch_format_index
-        self._padding = padding
-        self._transform: SiftingBatchTransform = batch_transforms or DefaultBatchTransform(
-            batch_format_index, padding
-        )
-        self._default_codec = batch_transforms is None
+        self._codec: BatchCodec = codec_for(batch_transforms, batch_format_index, padding)
         self._device = None if device is None else torch.device(device)
         self.log_interval = log_interval or 0
 
-        self._policy: SiftPolicy = policy_for(self.sift_config)
+        rule = rule_of(self.sift_config)
+        self._policy: SiftPolicy = rule.policy(self.sift_config)
+        self._nominal_keep_rate = float(rule.nominal_keep_rate(self.sift_config))  # type: ignore[misc]
         self._history = LossHistory(self.sift_config.loss_history_length)
         self._seed = int(torch.initial_seed() if seed is None else seed) % (2**63)
         self._generator = generator
         self._pending_generator_state: dict[str, Any] | None = None
         self.stats = SiftingStats()
         self.last_sample_ids: Tensor | None = None
-        self.last_weights: Tensor | None = None
 
         orig_bs = getattr(orig_dataloader, "batch_size", None)
         self._fixed_batch_size = orig_bs if isinstance(orig_bs, int) else None
-        self._out_batch_size: int | None = self._fixed_batch_size or batch_size
-
-        # position; everything below round-trips through state_dict()
-        self._epoch = -1  # epochs started
-        self._sampler_epoch: int | None = None  # last value given to set_epoch
-        self._in_epoch = False
-        self._batches_in = 0  # this epoch
-        self._samples_in = 0  # this epoch
-        self._short_batch_seen = False
-        self._delay_done = 0  # steps passed through (this epoch with repeat_delay_per_epoch)
-        self._delay_done_epoch_start = 0
-        self._loader_generator_states: list[Tensor] | None = None
+        # the position: everything that round-trips through state_dict() besides the history,
+        # stats, generator, buffer and stream (see _Position)
+        self._pos = _Position(out_batch_size=self._fixed_batch_size or batch_size)
         self._buffer = KeptBuffer()
         self._pending_buffer: dict[str, Any] | None = None  # loaded, not yet re-created
-        self._rank_fills: list[int] | None = None  # kept rows per rank this epoch
-        self._sifted_out_this_epoch = 0  # sifted batches yielded this epoch
-        self._warned_nonfinite = False
         self._resume = False
         self._token = 0  # invalidates running iterators on __iter__ / load_state_dict
         self._last_log = (0, dict.fromkeys(STAGES, 0.0))
         self._logged_sifted = False  # the first sifted batch was logged
         self._last_logged_out = -1  # num_batches_out at the last progress line
-        self._warned_delay = False
         self._pass_batches: int | None = None  # len() of the wrapped loader this pass
         self._modules: list[nn.Module] | None = None  # the model's modules, listed each epoch
         # fixed-length loops (once len() was read): the stream of data passes they draw from
@@ -297,46 +300,37 @@ class SiftingDataloader:
         return length
 
     def _expected_pass_length(self, observed: bool) -> int:
-        """Expected batches of the next data pass, at the config's expected keep rate (the same
-        on every rank), or at the rate ``observed`` so far once something was scored."""
-        orig = self.orig_dataloader
-        try:
-            n_in = len(orig)
-        except TypeError as err:
-            raise TypeError(
-                f"len(SiftingDataloader) needs the length of the wrapped loader, and "
-                f"{type(orig).__name__} has none (an IterableDataset without __len__?). Give the "
-                "dataset a __len__, or train by steps (max_steps) instead of epochs"
-            ) from err
-        b_in = loader_batch_size(orig) or self._out_batch_size
-        if b_in is None:
-            raise TypeError(
-                f"len(SiftingDataloader) needs the batch size, and the wrapped "
-                f"{type(orig).__name__} has none (neither batch_size nor batch_sampler.batch_size:"
-                " a custom batch_sampler?); pass SiftingDataloader(..., batch_size=N)"
-            )
-        b_out = self._out_batch_size or b_in
-        delay = self.sift_config.sift_delay
-        start = self._delay_done_epoch_start if self._in_epoch else self._delay_done
-        left = delay if self.sift_config.repeat_delay_per_epoch else max(0, delay - start)
-        passed = min(left, n_in)
-        total = n_in * b_in
-        sampler = getattr(orig, "sampler", None)
-        if not self._drop_last and self._fixed_batch_size is not None:
-            with contextlib.suppress(TypeError):
-                total = len(sampler)  # type: ignore[arg-type]
+        """Expected batches of the next data pass (:mod:`hasten.sifting.core.length`), at the
+        rule's nominal keep rate (the same on every rank), or at the rate ``observed`` so far
+        once something was scored."""
+        cfg, pos = self.sift_config, self._pos
         rate = self.stats.keep_rate if observed else None
-        if rate is None:
-            rate = float(getattr(self.sift_config, "expected_keep_rate", 1.0))
-        kept = rate * max(0, total - passed * b_in)
-        if self._drop_last:
-            return passed + math.floor(kept / b_out + 1e-9)
-        return passed + math.ceil(kept / b_out - 1e-9)
+        return expected_batches(
+            self._pass_shape(),
+            self._nominal_keep_rate if rate is None else rate,
+            sift_delay=cfg.sift_delay,
+            repeat_delay_per_epoch=cfg.repeat_delay_per_epoch,
+            delay_done=pos.delay_done_epoch_start if pos.in_epoch else pos.delay_done,
+            out_batch_size=pos.out_batch_size,
+        )
+
+    def _pass_shape(self, **fixes: str) -> PassShape:
+        """One pass of the wrapped loader as the length rule sees it; ``fixes`` replace the
+        advice ending its errors (see :func:`~hasten.sifting.core.length.pass_shape`)."""
+        return pass_shape(
+            self.orig_dataloader,
+            self._pos.out_batch_size,
+            **{
+                "no_length_fix": "train by steps (max_steps) instead of epochs",
+                "no_batch_size_fix": "pass SiftingDataloader(..., batch_size=N)",
+                **fixes,
+            },
+        )
 
     def _run_fixed(self, token: int) -> Iterator[Any]:
         """One fixed-length ``for`` loop over the stream of data passes (see :meth:`__len__`)."""
         if self._stream is None:
-            self._stream = PassStream(self._start_pass, data_epoch=self._epoch)
+            self._stream = PassStream(self._start_pass, data_epoch=self._pos.epoch)
         stream = self._stream
         for _ in range(self._epoch_length or 0):
             if token != self._token:
@@ -367,7 +361,7 @@ class SiftingDataloader:
             self._set_pass_epoch(epoch)
 
     def _set_pass_epoch(self, epoch: int) -> None:
-        self._sampler_epoch = epoch
+        self._pos.sampler_epoch = epoch
         orig = self.orig_dataloader
         batch_sampler = getattr(orig, "batch_sampler", None)
         seen: set[int] = set()
@@ -381,6 +375,12 @@ class SiftingDataloader:
             if target is not None and callable(fn) and id(target) not in seen:
                 seen.add(id(target))
                 fn(epoch)
+
+    @property
+    def data_epoch(self) -> int:
+        """Index of the data pass (over the wrapped loader) in progress or last finished; -1
+        before the first."""
+        return self._pos.epoch
 
     def __getattr__(self, name: str) -> Any:
         # only called for names not found normally: delegate to the wrapped loader
@@ -419,6 +419,9 @@ class SiftingDataloader:
         (call :meth:`set_epoch` as usual), or does not shuffle.
         """
         gen = self._generator
+        pos = to_state(self._pos)
+        if not self._pos.in_epoch:  # between epochs: the generators as they are now
+            pos["loader_generator_states"] = get_loader_generator_states(self.orig_dataloader)
         return {
             "version": _STATE_VERSION,
             "sift_config": _config_repr(self.sift_config),
@@ -428,26 +431,10 @@ class SiftingDataloader:
             else {"device": gen.device.type, "state": gen.get_state()},
             "history": self._history.state_dict(),
             "stats": self.stats.as_dict(),
-            "epoch": self._epoch,
-            "sampler_epoch": self._sampler_epoch,
-            "in_epoch": self._in_epoch,
-            "batches_in": self._batches_in,
-            "samples_in": self._samples_in,
-            "short_batch_seen": self._short_batch_seen,
-            "delay_done": self._delay_done,
-            "delay_done_epoch_start": self._delay_done_epoch_start,
-            "out_batch_size": self._out_batch_size,
-            # mid-epoch: as the epoch began (to replay its order); between epochs: as they are now
-            "loader_generator_states": self._loader_generator_states
-            if self._in_epoch
-            else get_loader_generator_states(self.orig_dataloader),
+            **pos,
             "buffer": self._buffer.state_dict()
             if self._pending_buffer is None
             else self._pending_buffer,
-            "rank_fills": self._rank_fills,
-            "sifted_out_this_epoch": self._sifted_out_this_epoch,
-            "warned_nonfinite": self._warned_nonfinite,
-            "warned_delay": self._warned_delay,
             # fixed-length loops (len() was read): their length and the stream's position
             "epoch_length": self._epoch_length,
             "stream": None if self._stream is None else self._stream.state_dict(),
@@ -483,23 +470,10 @@ class SiftingDataloader:
         self._history.load_state_dict(state["history"], self._history.device)
         self.stats = SiftingStats()
         self.stats.load_dict(state["stats"])
-        self._epoch = state["epoch"]
-        self._sampler_epoch = state["sampler_epoch"]
-        self._in_epoch = state["in_epoch"]
-        self._batches_in = state["batches_in"]
-        self._samples_in = state["samples_in"]
-        self._short_batch_seen = state["short_batch_seen"]
-        self._delay_done = state["delay_done"]
-        self._delay_done_epoch_start = state["delay_done_epoch_start"]
-        self._out_batch_size = state["out_batch_size"]
-        self._loader_generator_states = state["loader_generator_states"]
+        self._pos = from_state(_Position, state)
         self._buffer = KeptBuffer()
         # re-created from the replayed batches on the next iteration (see _continue_epoch)
         self._pending_buffer = state["buffer"] if state["buffer"]["count"] else None
-        self._rank_fills = state["rank_fills"]
-        self._sifted_out_this_epoch = state["sifted_out_this_epoch"]
-        self._warned_nonfinite = state["warned_nonfinite"]
-        self._warned_delay = bool(state.get("warned_delay", False))
         if self._epoch_length is None:  # else keep the length the trainer already planned by
             self._epoch_length = state.get("epoch_length")
         self._resume = True
@@ -511,11 +485,11 @@ class SiftingDataloader:
             self._stream.load_state_dict(stream, self._iter_pass)
         elif self._stream is not None:
             self._stream = None
-        if self._sampler_epoch is not None:
-            self.set_epoch(self._sampler_epoch)
+        if self._pos.sampler_epoch is not None:
+            self.set_epoch(self._pos.sampler_epoch)
         if (
-            self._in_epoch
-            and self._loader_generator_states is None
+            self._pos.in_epoch
+            and self._pos.loader_generator_states is None
             and shuffles_globally(self.orig_dataloader)
         ):
             warnings.warn(
@@ -533,7 +507,7 @@ class SiftingDataloader:
         return loader_drop_last(self.orig_dataloader)
 
     def _in_delay(self) -> bool:
-        return self._delay_done < self.sift_config.sift_delay
+        return self._pos.delay_done < self.sift_config.sift_delay
 
     def _run(self, token: int) -> Iterator[Any]:
         device = self._device or module_device(self.model)
@@ -561,25 +535,25 @@ class SiftingDataloader:
             except StopIteration:
                 break
             stats.load_seconds += time.perf_counter() - t0
-            self._batches_in += 1
+            self._pos.batches_in += 1
             stats.num_batches_in += 1
             if self._in_delay():
                 n = self._count(batch)
-                self._samples_in += n
-                self._delay_done += 1
+                self._pos.samples_in += n
+                self._pos.delay_done += 1
                 stats.num_orig_samples_seen += n
                 stats.num_orig_samples_kept += n
                 stats.num_batches_out += 1
                 stats.num_samples_yielded += n
-                self.last_sample_ids = self.last_weights = None
+                self.last_sample_ids = None
                 self._maybe_log()
-                if self._batches_in == self._pass_batches:  # the pass's last batch, unscored
+                if self._pos.batches_in == self._pass_batches:  # the pass's last batch, unscored
                     self._check_delay_reached()
                 yield batch
                 continue
             self._sift(batch, device, stage)
             while self._ready() > 0:
-                yield self._emit(self._out_batch_size, stage)  # type: ignore[arg-type]
+                yield self._emit(self._pos.out_batch_size, stage)  # type: ignore[arg-type]
         stats.wall_seconds += time.perf_counter() - mark
         yield from self._finish_epoch(stage)
         self._looping = False
@@ -589,20 +563,20 @@ class SiftingDataloader:
         self._modules = None  # re-list the model's modules (they may have changed)
         if self._resume:  # restored from a checkpoint: put the loader's generators back
             self._resume = False
-            set_loader_generator_states(orig, self._loader_generator_states)
-            if self._in_epoch:
+            set_loader_generator_states(orig, self._pos.loader_generator_states)
+            if self._pos.in_epoch:
                 return self._continue_epoch(device)
-        self._epoch += 1
-        self._in_epoch = True
-        self._batches_in = self._samples_in = self._sifted_out_this_epoch = 0
-        self._short_batch_seen = False
+        self._pos.epoch += 1
+        self._pos.in_epoch = True
+        self._pos.batches_in = self._pos.samples_in = self._pos.sifted_out_this_epoch = 0
+        self._pos.short_batch_seen = False
         self._buffer = KeptBuffer()
         self._pending_buffer = None
-        self._rank_fills = None
+        self._pos.rank_fills = None
         if self.sift_config.repeat_delay_per_epoch:
-            self._delay_done = 0
-        self._delay_done_epoch_start = self._delay_done
-        self._loader_generator_states = get_loader_generator_states(orig)
+            self._pos.delay_done = 0
+        self._pos.delay_done_epoch_start = self._pos.delay_done
+        self._pos.loader_generator_states = get_loader_generator_states(orig)
         self._pass_batches = _sized(orig)
         return iter(orig)
 
@@ -619,12 +593,12 @@ class SiftingDataloader:
         self._pending_buffer = None
         wanted = {} if pending is None else {c["batch"]: c for c in pending["chunks"]}
         buffer = KeptBuffer()
-        for i in range(self._batches_in):
+        for i in range(self._pos.batches_in):
             try:
                 batch = next(it)
             except StopIteration:
                 raise RuntimeError(
-                    f"cannot resume: the checkpoint consumed {self._batches_in} batches of "
+                    f"cannot resume: the checkpoint consumed {self._pos.batches_in} batches of "
                     f"this epoch but the wrapped loader has only {i}; resume with the same "
                     "data and loader settings"
                 ) from None
@@ -643,9 +617,9 @@ class SiftingDataloader:
 
     def _recreate_rows(
         self, batch: Any, chunk: dict[str, Any], device: torch.device
-    ) -> tuple[SiftingBatch, Tensor, Tensor | None, int, tuple[int, int]]:
+    ) -> tuple[SiftingBatch, Tensor, int, tuple[int, int]]:
         """A buffered chunk of a checkpoint, selected again from its replayed source batch."""
-        sb, _, _ = self._to_sifting_batch(batch, device)
+        sb, _, _ = self._codec.encode(batch, device)
         rows = chunk["rows"].to(device=device, dtype=torch.int64)
         n = rows.numel()
         if n and int(rows.max()) >= len(sb):  # HOST SYNC: resume only
@@ -654,31 +628,11 @@ class SiftingDataloader:
                 f"{chunk['batch']} of this epoch, but the replayed batch has {len(sb)} rows; "
                 "resume with the same data and loader settings"
             )
-        weights = chunk["weights"]
-        if weights is not None:
-            weights = weights.to(device)
         start = int(chunk["start"])
-        return sb.select(rows), rows + start, weights, n, (int(chunk["batch"]), start)
-
-    def _to_sifting_batch(self, batch: Any, device: torch.device) -> tuple[SiftingBatch, Any, Any]:
-        """``batch`` on ``device`` as a :class:`SiftingBatch`, plus the loss's two arguments
-        (transformed and original batch)."""
-        non_blocking = device.type == "cuda"
-        if self._default_codec:
-            sb: SiftingBatch = TreeBatch.from_batch(
-                batch, self.batch_format_index, self._padding
-            ).to(device, non_blocking)
-            original = sb.to_batch()  # type: ignore[attr-defined]
-            return sb, original, original
-        original = move_to_device(batch, device, non_blocking)
-        sb = self._transform.transform(original)
-        return sb, sb, original
+        return sb.select(rows), rows + start, n, (int(chunk["batch"]), start)
 
     def _count(self, batch: Any) -> int:
-        if self._default_codec:
-            n = len(TreeBatch.from_batch(batch, self.batch_format_index))
-        else:
-            n = len(self._transform.transform(batch))
+        n = self._codec.count(batch)
         self._check_batch_size(n)
         return n
 
@@ -686,7 +640,7 @@ class SiftingDataloader:
         fixed = self._fixed_batch_size
         if fixed is None:
             return
-        if n > fixed or self._short_batch_seen:
+        if n > fixed or self._pos.short_batch_seen:
             what = (
                 f"a batch of {n} samples but the DataLoader's batch_size is {fixed}"
                 if n > fixed
@@ -698,16 +652,16 @@ class SiftingDataloader:
                 "batch_transforms=<a SiftingBatchTransform>"
             )
         if n < fixed and not is_iterable_style(self.orig_dataloader):
-            self._short_batch_seen = True  # only the last batch of an epoch may be short
+            self._pos.short_batch_seen = True  # only the last batch of an epoch may be short
 
     def _sift(self, batch: Any, device: torch.device, stage: dict[str, float]) -> None:
         stats = self.stats
         t0 = time.perf_counter()
-        sb, transformed, original = self._to_sifting_batch(batch, device)
+        sb, transformed, original = self._codec.encode(batch, device)
         n = len(sb)
         self._check_batch_size(n)
-        if self._out_batch_size is None:
-            self._out_batch_size = n
+        if self._pos.out_batch_size is None:
+            self._pos.out_batch_size = n
         t1 = time.perf_counter()
         stage["transform"] += t1 - t0
 
@@ -727,21 +681,20 @@ class SiftingDataloader:
         t3 = time.perf_counter()
         stage["should_sift"] += t3 - t2
 
-        if self._rank_fills is None:
-            self._rank_fills = [0] * len(fills)
+        if self._pos.rank_fills is None:
+            self._pos.rank_fills = [0] * len(fills)
         for r, (k, _) in enumerate(fills):
-            self._rank_fills[r] += k
+            self._pos.rank_fills[r] += k
         idx = order[:n_kept]
         kept = sb.select(idx)
-        ids = idx + self._samples_in
-        weights = None if sel.weights is None else sel.weights.index_select(0, idx)
+        ids = idx + self._pos.samples_in
         t4 = time.perf_counter()
         stage["sift"] += t4 - t3
 
-        self._buffer.add(kept, ids, weights, n_kept, (self._batches_in - 1, self._samples_in))
+        self._buffer.add(kept, ids, n_kept, (self._pos.batches_in - 1, self._pos.samples_in))
         stage["accumulate"] += time.perf_counter() - t4
 
-        self._samples_in += n
+        self._pos.samples_in += n
         stats.num_batches_scored += 1
         stats.num_orig_samples_seen += n
         stats.num_orig_samples_scored += n
@@ -749,8 +702,8 @@ class SiftingDataloader:
         stats.num_orig_samples_sifted_out += n - n_kept
         if n_bad:
             stats.num_nonfinite_losses += n_bad
-            if not self._warned_nonfinite:
-                self._warned_nonfinite = True
+            if not self._pos.warned_nonfinite:
+                self._pos.warned_nonfinite = True
                 warnings.warn(
                     f"sifting scored {n_bad} sample(s) with a NaN or infinite loss; they are "
                     "kept for training (and ranked as the highest loss). Counted in "
@@ -762,69 +715,39 @@ class SiftingDataloader:
             self._log_batch(losses, keep)
 
     def _score(self, transformed: Any, original: Any, n: int) -> Tensor:
-        model = self.model
         modules = self._modules
         if modules is None:
-            modules = self._modules = list(model.modules())
-        modes = [m.training for m in modules]
-        # eval mode, flag by flag: restores mixed modes exactly and skips nn.Module.__setattr__
-        for m in modules:
-            object.__setattr__(m, "training", False)
-        try:
-            with torch.inference_mode():
-                losses = self.loss_impl.loss(model, transformed, original)
-        finally:
-            for m, mode in zip(modules, modes):
-                object.__setattr__(m, "training", mode)
-        if not isinstance(losses, Tensor):
-            raise LossImplementationNotProvidedException(
-                f"{type(self.loss_impl).__name__}.loss returned {type(losses).__name__}; it must "
-                f"return a tensor with one loss per sample (shape [{n}])"
-            )
-        if losses.shape != (n,):
-            if losses.ndim == 0:
-                fix = "use reduction='none' in the loss function"
-            elif losses.ndim == 1:
-                fix = "return one value per sample in batch order (were tokens flattened?)"
-            else:
-                fix = "reduce the extra dimensions per sample, e.g. .mean(dim=1) over tokens"
-            raise LossImplementationNotProvidedException(
-                f"{type(self.loss_impl).__name__}.loss returned shape {list(losses.shape)} for a "
-                f"batch of {n} samples; it must return one loss per sample (shape [{n}]): {fix}"
-            )
-        if not losses.is_floating_point():
-            raise LossImplementationNotProvidedException(
-                f"{type(self.loss_impl).__name__}.loss returned dtype {losses.dtype}; losses "
-                "must be floating point"
-            )
-        return losses
+            modules = self._modules = list(self.model.modules())
+        with eval_modules(modules):
+            losses = self.loss_impl.loss(self.model, transformed, original)
+        return check_per_sample_losses(losses, n, self._loss_name)
 
     def _ready(self) -> int:
         """Sifted batches that every rank can yield now."""
-        b = self._out_batch_size
-        if self._rank_fills is None or b is None:
+        b = self._pos.out_batch_size
+        if self._pos.rank_fills is None or b is None:
             return 0
-        return min(self._rank_fills) // b - self._sifted_out_this_epoch
+        return min(self._pos.rank_fills) // b - self._pos.sifted_out_this_epoch
 
     def _emit(self, n: int, stage: dict[str, float]) -> Any:
         t0 = time.perf_counter()
-        sb, ids, weights = self._buffer.pop(n)
+        sb, ids = self._buffer.pop(n)
         t1 = time.perf_counter()
         stage["accumulate"] += t1 - t0
-        out = self._transform.reverse_transform(sb)
+        out = self._codec.decode(sb)
         stage["reverse_transform"] += time.perf_counter() - t1
-        self._sifted_out_this_epoch += 1
-        self.last_sample_ids, self.last_weights = ids, weights
+        self._pos.sifted_out_this_epoch += 1
+        self.last_sample_ids = ids
         self.stats.num_batches_out += 1
         self.stats.num_samples_yielded += n
         self._maybe_log()
         return out
 
     def _finish_epoch(self, stage: dict[str, float]) -> Iterator[Any]:
-        b = self._out_batch_size
-        fills = self._rank_fills
+        b = self._pos.out_batch_size
+        fills = self._pos.rank_fills
         if fills is not None and b is not None:
-            done = self._sifted_out_this_epoch * b
+            done = self._pos.sifted_out_this_epoch * b
             lefts = [f - done for f in fills]
             rounding = math.floor if self._drop_last else math.ceil
             more = min(int(rounding(left / b)) for left in lefts)
@@ -834,19 +757,19 @@ class SiftingDataloader:
         if dropped:
             self.stats.num_samples_dropped_at_epoch_end += dropped
             self._buffer = KeptBuffer()
-        self._in_epoch = False
+        self._pos.in_epoch = False
         self._check_delay_reached()
         self._maybe_log(force=True)
 
     def _check_delay_reached(self) -> None:
         """Warn, once, when a data pass (or training) ends with no batch scored yet."""
-        if self._warned_delay or not self._in_delay() or self.stats.num_batches_scored:
+        if self._pos.warned_delay or not self._in_delay() or self.stats.num_batches_scored:
             return
-        self._warned_delay = True
+        self._pos.warned_delay = True
         cfg = self.sift_config
         where = "this pass" if cfg.repeat_delay_per_epoch else "so far"
         warnings.warn(
-            f"nothing was sifted: sift_delay={cfg.sift_delay} but only {self._delay_done} "
+            f"nothing was sifted: sift_delay={cfg.sift_delay} but only {self._pos.delay_done} "
             f"batches were seen {where} ({self.stats.num_orig_samples_seen} samples, all passed "
             "through unscored). Lower sift_delay below the number of batches you train on, e.g. "
             "RelativeProbabilisticSiftConfig(..., loss_based_sift_config={'sift_config': "
@@ -915,12 +838,12 @@ class SiftingDataloader:
             "num_orig_samples_scored: %d keep_rate: %s Batch size for next sifted batch: %d "
             "buffered: %d | latency ms/batch over %d scored batches: %s",
             s.num_batches_out,
-            self._epoch,
+            self._pos.epoch,
             s.num_orig_samples_seen,
             s.num_orig_samples_kept,
             s.num_orig_samples_scored,
             "n/a" if rate is None else f"{rate:.4f}",
-            self._out_batch_size or 0,
+            self._pos.out_batch_size or 0,
             self._buffer.count,
             scored,
             " ".join(f"{k}: {v:.3f}" for k, v in lat.items()),

@@ -16,14 +16,12 @@ reproducible. The same functions serve people with their own loop::
     sel = relative_probabilistic_select(losses, history.values(), gen, beta_value=1.0)
     batch = batch[sel.keep]
 
-:func:`policy_for` maps a config object to its policy; new policies register with
-:func:`register_policy` (their config class with
-:func:`~hasten.sifting.config.register_sift_config`).
+:func:`policy_for` maps a config object to its policy through the one registry of rules,
+:mod:`hasten.sifting.core.rules`, where new rules register (config class, policy, front-ends).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,8 +29,6 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from hasten.sifting.config import RelativeProbabilisticSiftConfig
-from hasten.sifting.exceptions import SiftConfigValidationException
 from hasten.sifting.history import percentile_of
 
 __all__ = [
@@ -84,28 +80,20 @@ def relative_probabilistic_select(
     return Selection(keep=keep)
 
 
-_POLICIES: dict[type, Callable[[Any], SiftPolicy]] = {
-    RelativeProbabilisticSiftConfig: lambda cfg: functools.partial(
-        relative_probabilistic_select, beta_value=cfg.beta_value
-    ),
-}
-
-
 def register_policy(config_cls: type, factory: Callable[[Any], SiftPolicy]) -> None:
-    """Register ``factory(config) -> policy`` for configs of class ``config_cls``."""
-    _POLICIES[config_cls] = factory
+    """Deprecated: use :func:`hasten.sifting.core.rules.register_rule` (name, config and policy
+    in one call). Registers ``factory(config) -> policy`` for configs of class ``config_cls``."""
+    from hasten.sifting.core.rules import _register_half
+
+    _register_half(config_cls, policy=factory)
 
 
 def policy_for(config: Any) -> SiftPolicy:
-    """The policy function for a config object.
+    """The policy function for a config object (:func:`hasten.sifting.core.rules.policy_for`).
 
     Raises:
-        SiftConfigValidationException: when no policy is registered for the config's class.
+        SiftConfigValidationException: when no rule is registered for the config's class.
     """
-    for cls in type(config).__mro__:
-        if cls in _POLICIES:
-            return _POLICIES[cls](config)
-    raise SiftConfigValidationException(
-        f"no sifting policy is registered for {type(config).__name__}; register one with "
-        "hasten.sifting.policy.register_policy(ConfigClass, factory)"
-    )
+    from hasten.sifting.core.rules import policy_for as _policy_for
+
+    return _policy_for(config)

@@ -1,4 +1,4 @@
-"""Configs of the pruning policies that :class:`~hasten.sifting.pruning.PruningSampler` runs.
+"""Configs of the pruning policies that :class:`~hasten.sifting.sampler.PruningSampler` runs.
 
 These policies decide, at the start of every epoch, which dataset indices to load, from the loss
 each sample had the last time the training step saw it (fed back through
@@ -14,24 +14,21 @@ A plain dict works wherever a config does; its ``"policy"`` key picks the class:
 
     {"policy": "unbiased", "prune_ratio": 0.5, "anneal_fraction": 0.125}
 
-New pruning policies register a config class with :func:`register_pruning_config` and a rule
-with :func:`hasten.sifting.policy.register_policy` (the same registry as the loader's policies).
+Both rules live in the one registry of :mod:`hasten.sifting.core.rules` (with the loader's), which
+also says that they run in the sampler only; new rules register there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from hasten.sifting.config import _from_mapping, _set
+from hasten.sifting.core.fields import beta_value, fraction, optional_integer, set_field
 from hasten.sifting.exceptions import SiftConfigValidationException
 
 __all__ = [
-    "PRUNING_CONFIGS",
     "StaleRelativePruningConfig",
     "UnbiasedPruningConfig",
     "coerce_pruning_config",
@@ -65,15 +62,15 @@ class UnbiasedPruningConfig:
     """Fraction of the epochs, at the end, trained on all data (InfoBatch's ``1 - delta``)."""
 
     def __post_init__(self) -> None:
-        _set(self, "prune_ratio", _fraction(self.prune_ratio, "prune_ratio", upper_open=True))
+        set_field(self, "prune_ratio", fraction(self.prune_ratio, "prune_ratio", upper_open=True))
         t = self.threshold
         if t != "mean":
             if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0.0 < t < 1.0:
                 raise SiftConfigValidationException(
                     f"threshold must be 'mean' or a quantile strictly between 0 and 1, got {t!r}"
                 )
-            _set(self, "threshold", float(t))
-        _set(self, "anneal_fraction", _fraction(self.anneal_fraction, "anneal_fraction"))
+            set_field(self, "threshold", float(t))
+        set_field(self, "anneal_fraction", fraction(self.anneal_fraction, "anneal_fraction"))
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a plain dict, with its ``"policy"`` name."""
@@ -103,75 +100,52 @@ class StaleRelativePruningConfig:
     """Fraction of the epochs, at the end, trained on all data."""
 
     def __post_init__(self) -> None:
-        beta = self.beta_value
-        if isinstance(beta, bool) or not isinstance(beta, numbers.Real):
-            raise SiftConfigValidationException(
-                f"beta_value must be a positive number, got {beta!r} ({type(beta).__name__})"
-            )
-        if not math.isfinite(beta) or beta <= 0:
-            raise SiftConfigValidationException(
-                f"beta_value must be positive and finite, got {beta!r}; 1.0 keeps about 50 %"
-            )
-        _set(self, "beta_value", float(beta))
-        age = self.max_loss_age
-        if age is not None and (isinstance(age, bool) or not isinstance(age, int) or age < 0):
-            raise SiftConfigValidationException(
-                f"max_loss_age must be an int >= 0 (epochs) or None (never rescore), got {age!r}"
-            )
-        _set(self, "anneal_fraction", _fraction(self.anneal_fraction, "anneal_fraction"))
+        set_field(self, "beta_value", beta_value(self.beta_value))
+        set_field(
+            self,
+            "max_loss_age",
+            optional_integer(
+                self.max_loss_age, "max_loss_age", minimum=0, none_means="never rescore"
+            ),
+        )
+        set_field(self, "anneal_fraction", fraction(self.anneal_fraction, "anneal_fraction"))
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a plain dict, with its ``"policy"`` name."""
         return {"policy": "stale_relative", **dataclasses.asdict(self)}
 
 
-PRUNING_CONFIGS: dict[str, type] = {
-    "unbiased": UnbiasedPruningConfig,
-    "stale_relative": StaleRelativePruningConfig,
-}
-"""Registered pruning config classes by name; a dict config selects one with ``"policy"``."""
+def __getattr__(name: str) -> Any:
+    # PRUNING_CONFIGS: the config classes of the rules PruningSampler runs, by name; a live,
+    # read-only view of hasten.sifting.core.rules.RULES (resolved on use: the registry imports
+    # this module)
+    if name == "PRUNING_CONFIGS":
+        from hasten.sifting.core.rules import SAMPLER, configs_for
+
+        return configs_for(SAMPLER)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register_pruning_config(name: str, config_cls: type[_C]) -> type[_C]:
-    """Make ``config_cls`` selectable as ``{"policy": name, ...}``. Returns ``config_cls``.
+    """Deprecated: use :func:`hasten.sifting.core.rules.register_rule` (name, config and policy
+    in one call). Makes ``config_cls`` selectable as ``{"policy": name, ...}``."""
+    from hasten.sifting.core.rules import SAMPLER, _register_half
 
-    The class needs an ``anneal_fraction`` attribute (0 for none).
-    """
-    if name in PRUNING_CONFIGS and PRUNING_CONFIGS[name] is not config_cls:
-        raise ValueError(f"a pruning config named {name!r} is already registered")
-    PRUNING_CONFIGS[name] = config_cls
+    _register_half(config_cls, name=name, frontend=SAMPLER)
     return config_cls
 
 
 def coerce_pruning_config(config: Any) -> Any:
-    """Return ``config`` as a pruning config object (dicts are converted).
+    """Return ``config`` as a config object the sampler runs (dicts are converted).
+
+    A thin wrapper of :func:`hasten.sifting.core.rules.coerce_config` for the ``"sampler"``
+    front-end.
 
     Raises:
-        SiftConfigValidationException: an unknown ``"policy"`` or key, a bad value, or an object
-            that is not a registered pruning config.
+        SiftConfigValidationException: an unknown ``"policy"`` or key, a bad value, an object
+            that is not a registered config, or a rule the sampler does not run (the message
+            names what to use instead).
     """
-    if isinstance(config, tuple(PRUNING_CONFIGS.values())):
-        return config
-    if isinstance(config, Mapping):
-        data = dict(config)
-        name = data.pop("policy", None)
-        if name not in PRUNING_CONFIGS:
-            raise SiftConfigValidationException(
-                f"a pruning config dict needs 'policy' set to one of "
-                f"{sorted(PRUNING_CONFIGS)}, got {name!r}"
-            )
-        return _from_mapping(PRUNING_CONFIGS[name], data, "pruning config")
-    raise SiftConfigValidationException(
-        f"config must be a pruning config (UnbiasedPruningConfig, StaleRelativePruningConfig) "
-        f"or a dict with a 'policy' key, got {type(config).__name__}"
-    )
+    from hasten.sifting.core.rules import SAMPLER, coerce_config
 
-
-def _fraction(value: Any, name: str, *, upper_open: bool = False) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, numbers.Real)
-    if ok:
-        ok = 0.0 <= value < 1.0 if upper_open else 0.0 <= value <= 1.0
-    if not ok:
-        bound = "[0, 1)" if upper_open else "[0, 1]"
-        raise SiftConfigValidationException(f"{name} must be a number in {bound}, got {value!r}")
-    return float(value)
+    return coerce_config(config, SAMPLER, what="pruning config")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,25 +28,11 @@ from torch import Tensor, nn
 
 from hasten._modules import module_device
 from hasten.sifting.batch import move_to_device
+from hasten.sifting.core.forward import check_per_sample_losses, scoring_mode
 from hasten.sifting.exceptions import LossImplementationNotProvidedException
 from hasten.sifting.loss import SupportsLoss, as_loss
 
-__all__ = ["Scorer", "ScoringStats", "scoring_mode"]
-
-
-@contextlib.contextmanager
-def scoring_mode(model: nn.Module) -> Iterator[None]:
-    """Every module of ``model`` in eval mode under ``torch.inference_mode()``; modes restored."""
-    modules = list(model.modules())
-    modes = [m.training for m in modules]
-    for m in modules:
-        object.__setattr__(m, "training", False)  # flag by flag: mixed modes restore exactly
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        for m, mode in zip(modules, modes):
-            object.__setattr__(m, "training", mode)
+__all__ = ["Scorer", "ScoringStats", "scoring_mode"]  # scoring_mode: from core.forward
 
 
 @dataclass
@@ -137,27 +123,22 @@ class Scorer:
             num_workers=self.num_workers,
         )
         out: list[Tensor] = []
+        sizes = torch.arange(0, idx.numel(), self.batch_size).tolist()
         autocast = (
             torch.autocast(device.type, dtype=self.autocast_dtype)
             if self.autocast_dtype is not None
             else contextlib.nullcontext()
         )
         with scoring_mode(self.model), autocast:
-            for batch in loader:
+            for start, batch in zip(sizes, loader):
                 batch = move_to_device(batch, device, device.type == "cuda")
                 losses = self.loss_impl.loss(self.model, batch, batch)
-                if not isinstance(losses, Tensor) or losses.ndim != 1:
-                    raise LossImplementationNotProvidedException(
-                        f"the scoring loss must return one loss per sample (a 1-D tensor), got "
-                        f"{getattr(losses, 'shape', type(losses).__name__)}"
-                    )
+                n = min(self.batch_size, idx.numel() - start)
+                check_per_sample_losses(
+                    losses, n, f"the scorer's {type(self.loss_impl).__name__}.loss"
+                )
                 out.append(losses.float())
         result = torch.cat(out)
-        if result.numel() != idx.numel():
-            raise LossImplementationNotProvidedException(
-                f"the scoring loss returned {result.numel()} losses for {idx.numel()} samples: "
-                "it must return one loss per sample, in batch order"
-            )
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # HOST SYNC: once per pass, for an honest clock
         self.stats.samples_scored += idx.numel()

@@ -17,6 +17,7 @@ from hasten.sifting import (
     SiftingBatchTransform,
     SiftingDataloader,
     TensorBatch,
+    UnbiasedPruningConfig,
     UnsupportedDataFormatException,
 )
 from tests._helpers import (
@@ -401,7 +402,13 @@ def test_sample_ids_point_at_stream_positions():
     sifted = _sift(loader(n=96, batch_size=16, fmt="tensor"))  # unshuffled: position == id
     for batch in sifted:
         assert sifted.last_sample_ids.tolist() == ids_of(batch)
-        assert sifted.last_weights is None
+
+
+def test_loader_names_the_sampler_for_sampler_only_rules():
+    orig = loader(n=32, batch_size=8)
+    for config in (UnbiasedPruningConfig(), {"policy": "stale_relative", "beta_value": 1.0}):
+        with pytest.raises(SiftConfigValidationException, match="PruningSampler"):
+            SiftingDataloader(config, orig, model=tiny_model(), loss_impl=planted_loss)
 
 
 # ---------------------------------------------------------------- bad input
@@ -499,6 +506,7 @@ def test_one_host_read_per_scored_batch(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_scoring_moves_batches_and_accumulates_on_device():
     model = tiny_model().cuda()
     sifted = _sift(loader(n=320, batch_size=16), model=model, delay=1)
@@ -507,9 +515,20 @@ def test_cuda_scoring_moves_batches_and_accumulates_on_device():
     assert all(b[0].device.type == "cuda" and b[1].device.type == "cuda" for b in out[1:])
     ids = [i for b in out for i in ids_of(b)]
     assert len(ids) == len(set(ids))
-    state = sifted.state_dict()
+
+    # mid-pass: the state holds the buffer by position, on the host, and resumes on CUDA
+    again = _sift(loader(n=320, batch_size=16), model=model, delay=1)
+    it = iter(again)
+    head = [ids_of(next(it)) for _ in range(6)]
+    state = again.state_dict()
     assert state["generator"]["device"] == "cuda"
-    assert all(c.tensors[0].device.type == "cpu" for c in state["buffer"]["chunks"])
+    chunks = state["buffer"]["chunks"]
+    assert all(c["rows"].device.type == "cpu" for c in chunks)
+    assert sum(c["rows"].numel() for c in chunks) == state["buffer"]["count"]
+    resumed = _sift(loader(n=320, batch_size=16), model=model, delay=1)
+    resumed.load_state_dict(state)
+    rest = [ids_of(b) for b in resumed]
+    assert head + rest == [ids_of(b) for b in out]
 
 
 def test_sagemaker_logger_name_quiets_or_raises_the_progress_lines(caplog):

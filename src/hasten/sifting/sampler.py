@@ -1,0 +1,614 @@
+"""``PruningSampler``: decides which samples to load each epoch from the losses the training step
+already computed, and turns those per-sample losses into the (reweighted) loss to backpropagate.
+
+The loop, with the sampler's hook points::
+
+    sampler = PruningSampler(train_set, UnbiasedPruningConfig(prune_ratio=0.5), num_epochs=E)
+    loader = DataLoader(train_set, batch_size=B, sampler=sampler)       # any workers, collate
+    for epoch in range(E):
+        sampler.set_epoch(epoch)        # plan the epoch: read the stored losses (one host read),
+                                        #   [score stale samples: a Scorer pass], apply the policy,
+                                        #   shuffle the kept indices, shard them across ranks
+        for x, y in loader:             # only the kept samples are loaded
+            losses = F.cross_entropy(model(x), y, reduction="none")    # the step's own forward
+            loss = sampler.update(losses)   # store each loss under its sample (a scatter on the
+                                            #   losses' device, no host sync) and return the
+                                            #   weighted mean: mean(weight_i * loss_i)
+            loss.backward(); opt.step(); opt.zero_grad()
+
+``update`` attributes losses by position: the k-th loss fed back in an epoch belongs to the k-th
+index the sampler yielded (a DataLoader keeps its sampler's order, with or without workers). That
+holds when every batch's losses are fed back, once, in order; pass ``indices=`` (the dataset
+indices of the batch's samples) when the loop cannot promise that. Each call is checked against
+the batch it belongs to before anything is stored (see :meth:`PruningSampler.update`), so a
+wrong-length or repeated feedback raises at that call instead of writing losses onto the wrong
+samples; give the sampler the DataLoader's ``batch_size`` so the first batch is checked too.
+
+Never-seen samples are always kept, so the first epoch trains on all data and fills the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Sized
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Sampler
+
+from hasten.sifting.core.dist import all_gather_objects, world_size
+from hasten.sifting.core.dist import rank as this_rank
+from hasten.sifting.core.state import TRANSIENT, from_state, to_state
+from hasten.sifting.feedback import SampleLosses
+from hasten.sifting.policy import SiftPolicy, policy_for
+from hasten.sifting.pruning_config import coerce_pruning_config
+
+__all__ = ["PruningSampler", "PruningStats"]
+
+_STATE_VERSION = 1
+
+
+@dataclass
+class PruningStats:
+    """What a :class:`PruningSampler` has done: how much data it saved, and what it cost.
+
+    Fractions are of *all* data: ``kept_fraction`` 0.6 means the run loaded and trained on 60 %
+    of the samples a full-data run of the same epochs would have.
+    """
+
+    epochs: int = 0
+    """Epochs planned."""
+    samples_total: int = 0
+    """Dataset size times epochs planned: what full-data training would have used."""
+    samples_kept: int = 0
+    """Samples kept over the epochs planned (all ranks, before padding for equal shards)."""
+    samples_scored: int = 0
+    """Samples given a scoring forward by the scorer (rescoring stale losses)."""
+    samples_fed_back: int = 0
+    """Per-sample losses received through :meth:`PruningSampler.update` (this rank)."""
+    samples_not_fed_back: int = 0
+    """Samples yielded to this rank whose loss never came back before the next epoch was
+    planned (the last partial batch under ``drop_last=True``, or steps that skipped
+    ``update``); their stored losses stay as they were."""
+    epoch_kept_fractions: list[float] = field(default_factory=list)
+    """Per planned epoch, the fraction of all samples kept."""
+    planning_seconds: float = 0.0
+    """Time spent planning epochs (syncing, reading losses, the policy, shuffling)."""
+    scoring_seconds: float = 0.0
+    """Time spent in the scorer (part of ``planning_seconds``)."""
+
+    @property
+    def kept_fraction(self) -> float | None:
+        """Samples kept / samples a full-data run would have used (``None`` before any epoch)."""
+        return self.samples_kept / self.samples_total if self.samples_total else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """All fields plus ``kept_fraction``, for logs and JSON."""
+        return {**dataclasses.asdict(self), "kept_fraction": self.kept_fraction}
+
+
+@dataclass
+class _Plan:
+    """One epoch's plan; the fields not marked transient round-trip through ``state_dict()``."""
+
+    epoch: int
+    pruning: bool
+    order: Tensor  # this rank's indices for the epoch, int64 on CPU
+    weights: Tensor | None  # aligned with order; None: all ones
+    started: bool = False
+    cursor: int = 0  # samples fed back so far this epoch
+    # indices taken from this epoch's iterator (by the DataLoader, prefetch included)
+    drawn: int = field(default=0, metadata=TRANSIENT)
+    len_read_after: bool = field(
+        default=False, metadata=TRANSIENT
+    )  # len() was read after the epoch was drawn
+    exhausted: bool = field(
+        default=False, metadata=TRANSIENT
+    )  # the DataLoader drew every index of the epoch
+    batch: int | None = field(
+        default=None, metadata=TRANSIENT
+    )  # samples per batch, from the first update
+    _on: dict[str, Tensor] = field(default_factory=dict, repr=False, metadata=TRANSIENT)
+
+    def on(self, name: str, device: torch.device) -> Tensor:
+        """``order`` or ``weights`` on ``device``, copied once per epoch."""
+        t = self._on.get(name)
+        if t is None or t.device != device:
+            src = self.order if name == "order" else self.weights
+            assert src is not None
+            t = self._on[name] = src.to(device)
+        return t
+
+
+class PruningSampler(Sampler[int]):
+    """Samples a dataset's indices each epoch, leaving out samples a pruning policy drops.
+
+    Use it as a DataLoader's ``sampler`` (it shuffles; do not pass ``shuffle=True``) and feed the
+    training step's per-sample losses back through :meth:`update`, which returns the loss to
+    backpropagate. See the module docstring for the loop and ``docs/sifting.md`` for schedules,
+    the HF Trainer and Lightning.
+
+    Args:
+        data_source: The dataset (anything with ``len``) or its length.
+        config: :class:`~hasten.sifting.pruning_config.UnbiasedPruningConfig`,
+            :class:`~hasten.sifting.pruning_config.StaleRelativePruningConfig`, or an equivalent
+            dict with a ``"policy"`` key.
+        num_epochs: Epochs the run will train; needed when the config anneals (trains on all
+            data for its last ``anneal_fraction`` of epochs).
+        seed: Seed of the sampler's generator (pruning draws and shuffling). Under
+            ``torch.distributed`` every rank must use the same seed (checked).
+        shuffle: Shuffle the kept indices each epoch (otherwise ascending order).
+        scorer: Scores stale samples for configs with ``max_loss_age`` (a
+            :class:`~hasten.sifting.scoring.Scorer` or any ``fn(indices) -> losses``). Without
+            one, stale losses are reused as they are.
+        num_replicas: Number of ranks sharing the data (default: the ``torch.distributed`` world
+            size, else 1). Every rank gets the same number of indices per epoch.
+        rank: This rank (default: the ``torch.distributed`` rank, else 0).
+        device: Where the loss table lives (default: the device of the first losses fed back).
+        batch_size: The DataLoader's ``batch_size``: every :meth:`update` without ``indices``
+            must then bring exactly one batch of losses (the last of an epoch may be short).
+            Default: learned from each epoch's first update.
+
+    Attributes:
+        stats: A :class:`PruningStats`; ``stats.kept_fraction`` is the share of data used.
+        table: The :class:`~hasten.sifting.feedback.SampleLosses` the feedback writes into.
+    """
+
+    def __init__(
+        self,
+        data_source: Sized | int,
+        config: Any,
+        *,
+        num_epochs: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        scorer: Callable[[Tensor], Tensor] | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        device: torch.device | str | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        size = data_source if isinstance(data_source, int) else _length(data_source)
+        if isinstance(size, bool) or size < 1:
+            raise ValueError(f"the dataset must hold at least one sample, got length {size}")
+        self.config = coerce_pruning_config(config)
+        anneal = float(getattr(self.config, "anneal_fraction", 0.0))
+        if num_epochs is not None and (
+            isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1
+        ):
+            raise ValueError(f"num_epochs must be a positive int or None, got {num_epochs!r}")
+        if num_epochs is None and anneal > 0:
+            raise ValueError(
+                f"{type(self.config).__name__}(anneal_fraction={anneal}) trains the last "
+                "epochs on all data, so the sampler needs the run's length: pass "
+                "PruningSampler(..., num_epochs=<epochs>) or set anneal_fraction=0"
+            )
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ValueError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
+        if scorer is not None and not callable(scorer):
+            raise TypeError(f"scorer must be callable (indices -> losses), got {scorer!r}")
+        world, me = _world(num_replicas, rank)
+        self.size = size
+        self.num_epochs = num_epochs
+        self.seed = seed
+        self.shuffle = bool(shuffle)
+        self.scorer = scorer
+        self.batch_size = batch_size
+        self.num_replicas, self.rank = world, me
+        self.table = SampleLosses(size, device)
+        self.stats = PruningStats()
+        self._policy: SiftPolicy = policy_for(self.config)
+        full = 0 if num_epochs is None else math.ceil(anneal * num_epochs - 1e-9)
+        self._prune_until = math.inf if num_epochs is None else num_epochs - full
+        self._generator = torch.Generator().manual_seed(seed)
+        self._plan: _Plan | None = None
+        self._weight_table: Tensor | None = None  # weights by dataset index, for indices=
+        self._resume = False
+        self._seed_checked = False
+        self._warned_no_feedback = False
+        self._warned_no_set_epoch = False
+        self._last_losses: weakref.ref[Tensor] | None = None  # the previous update's losses
+
+    # ------------------------------------------------------------------ sampler protocol
+
+    def set_epoch(self, epoch: int) -> None:
+        """Plan ``epoch`` now, from the losses stored so far (a no-op if it is already planned).
+
+        Call it before each epoch, after the previous epoch's last :meth:`update`. Under
+        ``torch.distributed`` it is a collective (the ranks merge their losses): call it on every
+        rank, as with ``DistributedSampler``. Without it, each iteration plans the next epoch.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        if self._plan is not None and self._plan.epoch == epoch:
+            return
+        self._plan = self._make_plan(epoch)
+
+    def __len__(self) -> int:
+        """Indices this rank gets in the current epoch (planning it if none is planned yet).
+
+        Exact for the epoch in progress, or for the next one once :meth:`set_epoch` planned it.
+        Epochs differ in length: for learning-rate schedules see ``docs/sifting.md``.
+        """
+        if self._plan is None:
+            self._plan = self._make_plan(0)
+        plan = self._plan
+        if plan.exhausted:  # read after the epoch was drawn: stale if an iteration follows
+            plan.len_read_after = True
+        return len(plan.order)
+
+    def __iter__(self) -> Iterator[int]:
+        plan = self._plan
+        if self._resume and plan is not None and plan.started and plan.cursor < len(plan.order):
+            start = plan.cursor  # restored mid-epoch: the samples whose loss never came back
+        else:
+            if plan is None:
+                plan = self._plan = self._make_plan(0)
+            elif plan.started:
+                old = plan
+                plan = self._plan = self._make_plan(plan.epoch + 1)
+                if old.len_read_after and len(plan.order) != len(old.order):
+                    self._warn_stale_len(old, plan)
+            start = 0
+        self._resume = False
+        plan.started = True
+        plan.exhausted = False
+        return _draw(plan, start)
+
+    def _warn_stale_len(self, old: _Plan, new: _Plan) -> None:
+        if self._warned_no_set_epoch:
+            return
+        self._warned_no_set_epoch = True
+        warnings.warn(
+            f"PruningSampler: set_epoch() was not called after epoch {old.epoch}, so len() "
+            f"reported that epoch's {len(old.order)} indices, but this iteration is epoch "
+            f"{new.epoch} with {len(new.order)}: a progress bar or schedule sized from len() is "
+            "off. Call sampler.set_epoch(epoch) before each epoch (it plans the epoch, and len() "
+            "is then exact); this warning is shown once",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    # ------------------------------------------------------------------ feedback
+
+    def update(self, losses: Tensor, indices: Tensor | None = None) -> Tensor:
+        """Record the training step's per-sample losses; return the loss to backpropagate.
+
+        Args:
+            losses: One loss per sample of the batch (``reduction="none"``), with grad.
+            indices: The batch's dataset indices. Default: the next ``len(losses)`` indices this
+                sampler yielded in the current epoch (right when every batch is fed back once,
+                in order).
+
+        Returns:
+            ``mean(weight_i * losses_i)`` over the batch: the policy's weights (1 for samples
+            an unbiased policy did not down-sample, ``1 / (1 - prune_ratio)`` for the kept
+            low-loss ones; all 1 for other policies and in full-data epochs).
+
+        Raises:
+            ValueError: ``losses`` is not 1-D, or ``indices`` does not match it.
+            RuntimeError: no epoch is being iterated, or more losses came back than the
+                sampler yielded this epoch.
+        """
+        plan = self._check_update(losses, indices)  # raises before anything is stored
+        n = losses.shape[0]
+        device = self.table.place(losses.device)
+        weights: Tensor | None = None
+        if indices is None:
+            c = plan.cursor
+            idx = plan.on("order", device)[c : c + n]
+            if plan.weights is not None:
+                weights = plan.on("weights", device)[c : c + n]
+            if plan.batch is None:
+                plan.batch = n
+        else:
+            idx = torch.as_tensor(indices).reshape(-1).to(device, torch.int64, non_blocking=True)
+            if plan.weights is not None:
+                weights = self._weights_by_index(plan, device).index_select(0, idx)
+        plan.cursor += n
+        self.table.record(idx, losses, plan.epoch)
+        self.stats.samples_fed_back += n
+        self._last_losses = weakref.ref(losses)
+        if weights is None:
+            return losses.mean()
+        return (losses * weights.to(losses.dtype)).mean()
+
+    def _check_update(self, losses: Any, indices: Any) -> _Plan:
+        """The plan ``update(losses, indices)`` writes into, after checking the call against
+        the batch it belongs to; raises, naming what was expected, before any state changes."""
+        if not isinstance(losses, Tensor) or losses.ndim != 1:
+            raise ValueError(
+                f"update() needs one loss per sample (a 1-D tensor; use reduction='none'), got "
+                f"{getattr(losses, 'shape', type(losses).__name__)}"
+            )
+        if not losses.is_floating_point():
+            raise TypeError(
+                f"update() needs floating-point losses, got dtype {losses.dtype}: pass the "
+                "training step's per-sample losses (e.g. F.cross_entropy(logits, y, "
+                "reduction='none')), not labels or counts"
+            )
+        if losses.device.type == "meta":
+            raise ValueError(
+                "update() got losses on the meta device (no data): the model was not "
+                "materialized; call model.to_empty(device=...) and load its weights first"
+            )
+        plan = self._plan
+        if plan is None or not plan.started:
+            raise RuntimeError(
+                "update() was called before the sampler was iterated: use it as the DataLoader's "
+                "sampler and call update() with the losses of the batches that loader yields"
+            )
+        last = None if self._last_losses is None else self._last_losses()
+        if last is losses:
+            raise RuntimeError(
+                "update() got the same losses tensor as the previous call: each batch's losses "
+                "must be fed back once (call update() once per training step and batch)"
+            )
+        n = losses.shape[0]
+        if indices is not None:
+            count = torch.as_tensor(indices).numel()
+            if count != n:
+                raise ValueError(
+                    f"indices holds {count} entries but losses {n}: pass the dataset "
+                    "index of every sample of the batch"
+                )
+            return plan
+        c = plan.cursor
+        left = len(plan.order) - c
+        if n > left:
+            raise RuntimeError(
+                f"update() received {c + n} losses this epoch but the sampler yielded only "
+                f"{len(plan.order)} indices to this rank: feed back each batch's losses "
+                "once, or pass indices=<the batch's dataset indices>"
+            )
+        batch = self.batch_size or plan.batch
+        number = c // batch + 1 if batch else 1
+        where = f"batch {number} of epoch {plan.epoch} (from sample {c} of the epoch)"
+        if batch is not None and n != min(batch, left):
+            raise ValueError(
+                f"update() received {n} losses, but {where} has {min(batch, left)} samples: feed "
+                "back exactly one loss per sample of each batch, once (token-level losses: "
+                "reduce them per sample first, e.g. .view(batch_size, -1).mean(1)); or pass "
+                "indices=<the batch's dataset indices>"
+            )
+        if n > plan.drawn - c:
+            raise ValueError(
+                f"update() received {n} losses, but only {plan.drawn - c} samples were drawn from "
+                f"the sampler since the previous update ({where}): feed back one loss per sample "
+                "of each batch, once (token-level losses: reduce them per sample first); or pass "
+                "indices=<the batch's dataset indices>"
+            )
+        return plan
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch planned or in progress (``None`` before the first)."""
+        return None if self._plan is None else self._plan.epoch
+
+    @property
+    def progress(self) -> float:
+        """How far the run is, in epochs: ``(epoch + share of this epoch fed back) / num_epochs``.
+
+        Drives a learning-rate schedule that ends with the run however short the pruned epochs
+        are: ``LambdaLR(opt, lambda _: my_schedule(sampler.progress))``, stepped every step.
+
+        Raises:
+            ValueError: when the sampler was built without ``num_epochs``.
+        """
+        if self.num_epochs is None:
+            raise ValueError(
+                "progress needs the run's length: build PruningSampler(..., num_epochs=<epochs>)"
+            )
+        plan = self._plan
+        if plan is None or not plan.started:
+            done = 0.0 if plan is None else float(plan.epoch)
+        else:
+            done = plan.epoch + min(1.0, plan.cursor / max(1, len(plan.order)))
+        return min(1.0, done / self.num_epochs)
+
+    @property
+    def pruning(self) -> bool:
+        """Whether the current epoch prunes (``False`` in the final full-data epochs)."""
+        return self._plan is not None and self._plan.pruning
+
+    # ------------------------------------------------------------------ checkpointing
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: stored losses, generator, the epoch's plan and
+        how far its feedback got, stats. Mid-epoch, a restored sampler yields the samples whose
+        losses had not come back yet (see :meth:`load_state_dict`)."""
+        plan = self._plan
+        return {
+            "version": _STATE_VERSION,
+            "config": self.config.to_dict(),
+            "size": self.size,
+            "num_epochs": self.num_epochs,
+            "seed": self.seed,
+            "num_replicas": self.num_replicas,
+            "rank": self.rank,
+            "generator": self._generator.get_state(),
+            "table": self.table.state_dict(),
+            "plan": None if plan is None else to_state(plan),
+            "stats": dataclasses.asdict(self.stats),
+            "seed_checked": self._seed_checked,
+            "warned_no_feedback": self._warned_no_feedback,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output.
+
+        Between epochs the next :meth:`set_epoch` plans as an uninterrupted run would. Mid-epoch
+        (a checkpoint taken after some steps' :meth:`update`), the next iteration yields the rest
+        of the epoch's indices, from the first one whose loss had not come back, with the same
+        weights: build the DataLoader anew (its prefetched batches are gone) and iterate.
+        """
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"unsupported PruningSampler state version {state.get('version')!r} (this "
+                f"hasten writes {_STATE_VERSION})"
+            )
+        for key, mine in (
+            ("size", self.size),
+            ("num_replicas", self.num_replicas),
+            ("rank", self.rank),
+        ):
+            if state[key] != mine:
+                raise ValueError(
+                    f"the checkpoint's {key} is {state[key]} but this sampler's is {mine}: "
+                    "resume with the same dataset and ranks"
+                )
+        if state["config"] != self.config.to_dict() or state["num_epochs"] != self.num_epochs:
+            warnings.warn(
+                f"resuming pruning with different settings: saved {state['config']} "
+                f"(num_epochs={state['num_epochs']}), now {self.config.to_dict()} "
+                f"(num_epochs={self.num_epochs})",
+                stacklevel=2,
+            )
+        self.seed = state["seed"]
+        self._generator.set_state(state["generator"])
+        self.table.load_state_dict(state["table"])
+        p = state["plan"]
+        self._plan = None if p is None else from_state(_Plan, p)
+        self._weight_table = None
+        stats = dict(state["stats"])
+        self.stats = PruningStats(**stats)
+        self._seed_checked = state["seed_checked"]
+        self._warned_no_feedback = state["warned_no_feedback"]
+        self._resume = True
+
+    # ------------------------------------------------------------------ planning
+
+    def _make_plan(self, epoch: int) -> _Plan:
+        t0 = time.perf_counter()
+        self._close_epoch()
+        self._check_seed()
+        table = self.table
+        table.sync()  # collective under torch.distributed: every rank plans from the same table
+        pruning = epoch < self._prune_until
+        max_age = getattr(self.config, "max_loss_age", None)
+        if pruning and self.scorer is not None and max_age is not None:
+            self._rescore(epoch - max_age, epoch)
+        seen = table.seen.cpu()  # HOST SYNC: once per epoch, to decide on the host
+        if pruning and bool(seen.any()):
+            scores = table.losses.cpu()
+            reference = scores[seen & torch.isfinite(scores)]
+            sel = self._policy(scores, reference, self._generator)
+            keep = sel.keep | ~seen  # never-seen samples are always kept
+            weights = None
+            if sel.weights is not None:
+                weights = torch.where(seen, sel.weights.float(), 1.0)
+            kept = keep.nonzero().reshape(-1)
+        else:
+            kept, weights = torch.arange(self.size), None
+        if self.shuffle:
+            kept = kept[torch.randperm(len(kept), generator=self._generator)]
+        n_kept = len(kept)
+        if self.num_replicas > 1 and n_kept:
+            pad = -n_kept % self.num_replicas  # repeat the first few: equal shards on every rank
+            kept = torch.cat((kept, kept[:pad].repeat(math.ceil(pad / max(1, n_kept)))[:pad]))
+            kept = kept[self.rank :: self.num_replicas]
+        order_weights = None if weights is None else weights.index_select(0, kept)
+        self._weight_table = None
+        s = self.stats
+        s.epochs += 1
+        s.samples_total += self.size
+        s.samples_kept += n_kept
+        s.epoch_kept_fractions.append(n_kept / self.size)
+        s.planning_seconds += time.perf_counter() - t0
+        return _Plan(epoch=epoch, pruning=pruning, order=kept, weights=order_weights)
+
+    def _rescore(self, oldest_fresh: int, epoch: int) -> None:
+        table = self.table
+        stale = table.seen & (table.epoch_seen < oldest_fresh)
+        idx = stale.nonzero().reshape(-1).cpu()  # HOST SYNC: once per epoch
+        if self.num_replicas > 1:  # each rank scores its share; sync() merges them
+            idx = idx[self.rank :: self.num_replicas]
+        if len(idx):
+            t0 = time.perf_counter()
+            losses = self.scorer(idx)  # type: ignore[misc]
+            if not isinstance(losses, Tensor) or losses.shape != (len(idx),):
+                raise ValueError(
+                    f"the scorer must return one loss per index (shape [{len(idx)}]), got "
+                    f"{getattr(losses, 'shape', type(losses).__name__)}"
+                )
+            table.record(idx, losses, epoch)
+            self.stats.samples_scored += len(idx)
+            self.stats.scoring_seconds += time.perf_counter() - t0
+        table.sync()  # collective: every rank calls it, scored or not
+
+    def _close_epoch(self) -> None:
+        plan = self._plan
+        if plan is None or not plan.started:
+            return
+        missing = len(plan.order) - plan.cursor
+        self.stats.samples_not_fed_back += missing
+        if plan.cursor == 0 and len(plan.order) and not self._warned_no_feedback:
+            self._warned_no_feedback = True
+            warnings.warn(
+                f"PruningSampler: no losses came back during epoch {plan.epoch}, so the next "
+                "epoch is planned without them. Call loss = sampler.update(per_sample_losses) "
+                "in every training step",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def _check_seed(self) -> None:
+        if self._seed_checked:
+            return
+        self._seed_checked = True
+        seeds = all_gather_objects(self.seed)
+        if len(set(seeds)) > 1:
+            raise ValueError(
+                f"PruningSampler seeds differ across ranks ({seeds}): every rank must take the "
+                "same pruning decisions; pass the same seed= on every rank"
+            )
+
+    def _weights_by_index(self, plan: _Plan, device: torch.device) -> Tensor:
+        table = self._weight_table
+        if table is None or table.device != device:
+            assert plan.weights is not None
+            table = torch.ones(self.size, device=device)
+            table[plan.on("order", device)] = plan.on("weights", device)
+            self._weight_table = table
+        return table
+
+
+def _draw(plan: _Plan, start: int) -> Iterator[int]:
+    """The epoch's indices from ``start``, counting what the DataLoader has drawn."""
+    plan.drawn = start
+    for i in plan.order[start:].tolist():
+        plan.drawn += 1
+        yield i
+    plan.exhausted = True
+
+
+def _length(data_source: Any) -> int:
+    try:
+        return len(data_source)
+    except TypeError as err:
+        raise TypeError(
+            f"PruningSampler needs a dataset with a length (or the length as an int); "
+            f"{type(data_source).__name__} has none"
+        ) from err
+
+
+def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    world = num_replicas if num_replicas is not None else world_size()
+    me = rank if rank is not None else this_rank()
+    for name, v in (("num_replicas", world), ("rank", me)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {v!r}")
+    if world < 1 or not 0 <= me < world:
+        raise ValueError(f"need num_replicas >= 1 and 0 <= rank < num_replicas, got {world}, {me}")
+    return world, me
