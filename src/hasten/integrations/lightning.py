@@ -81,6 +81,7 @@ from hasten.sifting import (
     coerce_pruning_config,
     coerce_sift_config,
 )
+from hasten.sifting.core import dist as _dist
 
 __all__ = ["Sifting", "TrainingMetricsRecorder", "sifting_dataloader"]
 
@@ -172,7 +173,10 @@ class _LightningEpochs(SiftedEpochs):
     """
 
     def state_dict(self) -> dict[str, Any]:
-        return {"world_size": _world_size(), "ranks": _gather(super().state_dict())}
+        return {
+            "world_size": _dist.world_size(),
+            "ranks": _dist.all_gather_objects(super().state_dict()),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ranks = state.get("ranks") if isinstance(state, dict) else None
@@ -182,7 +186,7 @@ class _LightningEpochs(SiftedEpochs):
                 "stream's; resume with the DataModule that wrote it, or pass checkpoint=False "
                 "to sifting_dataloader to start a fresh sifted stream"
             )
-        world = _world_size()
+        world = _dist.world_size()
         if len(ranks) != world:
             raise ValueError(
                 f"the checkpoint's sifting state comes from {len(ranks)} process(es), this run "
@@ -190,29 +194,9 @@ class _LightningEpochs(SiftedEpochs):
                 "processes. Pass checkpoint=False to sifting_dataloader to start a fresh "
                 "sifted stream instead"
             )
-        own = dict(ranks[_rank()])
+        own = dict(ranks[_dist.rank()])
         own["epoch_length"] = self.epoch_length  # Lightning plans the epochs; see the class doc
         super().load_state_dict(own)
-
-
-def _world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _rank() -> int:
-    dist = torch.distributed
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _gather(state: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every rank's ``state`` (a collective: every rank must call it)."""
-    world = _world_size()
-    if world == 1:
-        return [state]
-    out: list[Any] = [None] * world
-    torch.distributed.all_gather_object(out, state)
-    return out
 
 
 def _restore_at_epoch_boundary(trainer: Any, stream: Any) -> None:
@@ -646,7 +630,10 @@ class _StatefulPrunedLoader(_PrunedLoader):
     saves rank 0's checkpoint only), each rank resuming from its own."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {"world_size": _world_size(), "pruning": _gather(self.sampler.state_dict())}
+        return {
+            "world_size": _dist.world_size(),
+            "pruning": _dist.all_gather_objects(self.sampler.state_dict()),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ranks = state.get("pruning") if isinstance(state, dict) else None
@@ -656,10 +643,10 @@ class _StatefulPrunedLoader(_PrunedLoader):
                 "resume with the same Sifting config, or pass Sifting(..., checkpoint=False) "
                 "to start a fresh sampler"
             )
-        if len(ranks) != _world_size():
+        if len(ranks) != _dist.world_size():
             raise ValueError(
                 f"the checkpoint's pruning state comes from {len(ranks)} process(es), this run "
-                f"has {_world_size()}: resume with the same number of processes, or pass "
+                f"has {_dist.world_size()}: resume with the same number of processes, or pass "
                 "Sifting(..., checkpoint=False)"
             )
-        self.sampler.load_state_dict(ranks[_rank()])
+        self.sampler.load_state_dict(ranks[_dist.rank()])

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from hasten.sifting import PruningSampler, SiftingDataloader
+from hasten.sifting.core import dist as _dist
 
 __all__ = [
     "find_pruning_sampler",
@@ -186,12 +187,8 @@ def sifting_metrics(
 
 def _sum_over_ranks(values: Iterable[float]) -> list[float]:
     values = list(values)
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    if not _dist.is_distributed():
         return values
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    )
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    t = torch.tensor(values, dtype=torch.float64, device=_dist.comm_device())
+    torch.distributed.all_reduce(t)
     return t.tolist()  # HOST SYNC: once per logging step

@@ -1,27 +1,25 @@
-"""Which samples each epoch trains on: :class:`~hasten.sifting.pruning.PruningSampler`'s law,
+"""Which samples each epoch trains on: :class:`~hasten.sifting.PruningSampler`'s law,
 for a loop that is not a torch DataLoader (Keras ``fit``). No Keras import here.
 
-Per epoch: the stored losses of every seen sample go through the config's policy (the pure
-functions of :mod:`hasten.sifting.policy` / :mod:`hasten.sifting.unbiased`); never-seen samples
+Per epoch, the sampler's own law (:func:`hasten.sifting.sampler.select_epoch`, one function for
+both): the stored losses of every seen sample go through the config's rule; never-seen samples
 are always kept; epochs in the final ``anneal_fraction`` keep everything; the kept indices are
-shuffled. The random draws come from one ``torch.Generator`` in the same order as the sampler's,
-so for the same seed and losses the plan is the sampler's plan (tested).
+shuffled, from one ``torch.Generator`` seeded as the sampler's, so for the same seed and losses
+the plan is the sampler's plan (tested).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
 import numpy as np
 import torch
 
-import hasten.sifting.pruning  # noqa: F401  (registers the pruning policies)
+from hasten.sifting.core.rules import policy_for
 from hasten.sifting.feedback import SampleLosses
-from hasten.sifting.policy import policy_for
-from hasten.sifting.pruning import PruningStats
 from hasten.sifting.pruning_config import coerce_pruning_config
+from hasten.sifting.sampler import PruningStats, prune_until, select_epoch
 
 __all__ = ["EpochPlanner"]
 
@@ -61,8 +59,7 @@ class EpochPlanner:
                 "on all data, so it needs the run's length: pass num_epochs=<epochs given to "
                 "fit> or set anneal_fraction=0"
             )
-        full = 0 if num_epochs is None else math.ceil(anneal * num_epochs - 1e-9)
-        self._prune_until = math.inf if num_epochs is None else num_epochs - full
+        self._prune_until = prune_until(anneal, num_epochs)
         self.shuffle = bool(shuffle)
         self.table = SampleLosses(size, "cpu")
         self.stats = PruningStats()
@@ -82,20 +79,14 @@ class EpochPlanner:
         if self.epoch >= 0:
             self.stats.samples_not_fed_back += len(self.order) - self._fed_back
         self._fed_back = 0
-        seen = self.table.seen
-        weights = None
-        if epoch < self._prune_until and bool(seen.any()):
-            scores = self.table.losses
-            reference = scores[seen & torch.isfinite(scores)]
-            sel = self._policy(scores, reference, self._generator)
-            keep = sel.keep | ~seen  # never-seen samples are always kept
-            if sel.weights is not None:
-                weights = torch.where(seen, sel.weights.float(), 1.0)
-            kept = keep.nonzero().reshape(-1)
-        else:
-            kept = torch.arange(self.size)
-        if self.shuffle:
-            kept = kept[torch.randperm(len(kept), generator=self._generator)]
+        kept, weights = select_epoch(
+            self.table.losses,
+            self.table.seen,
+            self._policy,
+            self._generator,
+            epoch < self._prune_until,
+            self.shuffle,
+        )
         s = self.stats
         s.epochs += 1
         s.samples_total += self.size

@@ -49,7 +49,7 @@ from hasten.sifting.feedback import SampleLosses
 from hasten.sifting.policy import SiftPolicy, policy_for
 from hasten.sifting.pruning_config import coerce_pruning_config
 
-__all__ = ["PruningSampler", "PruningStats"]
+__all__ = ["PruningSampler", "PruningStats", "prune_until", "select_epoch"]
 
 _STATE_VERSION = 1
 
@@ -209,8 +209,7 @@ class PruningSampler(Sampler[int]):
         self.table = SampleLosses(size, device)
         self.stats = PruningStats()
         self._policy: SiftPolicy = policy_for(self.config)
-        full = 0 if num_epochs is None else math.ceil(anneal * num_epochs - 1e-9)
-        self._prune_until = math.inf if num_epochs is None else num_epochs - full
+        self._prune_until = prune_until(anneal, num_epochs)
         self._generator = torch.Generator().manual_seed(seed)
         self._plan: _Plan | None = None
         self._weight_table: Tensor | None = None  # weights by dataset index, for indices=
@@ -500,19 +499,9 @@ class PruningSampler(Sampler[int]):
         if pruning and self.scorer is not None and max_age is not None:
             self._rescore(epoch - max_age, epoch)
         seen = table.seen.cpu()  # HOST SYNC: once per epoch, to decide on the host
-        if pruning and bool(seen.any()):
-            scores = table.losses.cpu()
-            reference = scores[seen & torch.isfinite(scores)]
-            sel = self._policy(scores, reference, self._generator)
-            keep = sel.keep | ~seen  # never-seen samples are always kept
-            weights = None
-            if sel.weights is not None:
-                weights = torch.where(seen, sel.weights.float(), 1.0)
-            kept = keep.nonzero().reshape(-1)
-        else:
-            kept, weights = torch.arange(self.size), None
-        if self.shuffle:
-            kept = kept[torch.randperm(len(kept), generator=self._generator)]
+        kept, weights = select_epoch(
+            table.losses.cpu(), seen, self._policy, self._generator, pruning, self.shuffle
+        )
         n_kept = len(kept)
         if self.num_replicas > 1 and n_kept:
             pad = -n_kept % self.num_replicas  # repeat the first few: equal shards on every rank
@@ -582,6 +571,44 @@ class PruningSampler(Sampler[int]):
             table[plan.on("order", device)] = plan.on("weights", device)
             self._weight_table = table
         return table
+
+
+def prune_until(anneal_fraction: float, num_epochs: int | None) -> float:
+    """The first epoch that trains on all data (the final ``anneal_fraction`` of ``num_epochs``);
+    ``inf`` for a run of unknown length (which must not anneal)."""
+    if num_epochs is None:
+        return math.inf
+    return num_epochs - math.ceil(anneal_fraction * num_epochs - 1e-9)
+
+
+def select_epoch(
+    losses: Tensor,
+    seen: Tensor,
+    policy: SiftPolicy,
+    generator: torch.Generator,
+    pruning: bool,
+    shuffle: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """One epoch's kept dataset indices (shuffled if asked) and every sample's loss weight.
+
+    The per-epoch law of every front-end that plans from fed-back losses (``PruningSampler``,
+    Keras' ``EpochPlanner``): the stored ``losses`` of the ``seen`` samples go through the rule's
+    ``policy``; never-seen samples are always kept; with ``pruning`` off, everything is. The
+    draws come from ``generator`` in one order, so equal seeds and losses give equal plans.
+    Returns ``(kept, weights)``: int64 indices on the CPU, and float weights by dataset index
+    (``None``: all ones).
+    """
+    if pruning and bool(seen.any()):  # HOST SYNC: once per epoch
+        reference = losses[seen & torch.isfinite(losses)]
+        sel = policy(losses, reference, generator)
+        keep = sel.keep | ~seen  # never-seen samples are always kept
+        weights = None if sel.weights is None else torch.where(seen, sel.weights.float(), 1.0)
+        kept = keep.nonzero().reshape(-1)
+    else:
+        kept, weights = torch.arange(len(seen)), None
+    if shuffle:
+        kept = kept[torch.randperm(len(kept), generator=generator)]
+    return kept, weights
 
 
 def _draw(plan: _Plan, start: int) -> Iterator[int]:

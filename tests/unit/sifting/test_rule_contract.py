@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from hasten.sifting import PruningSampler, SiftingDataloader
 from hasten.sifting.core.rules import LOADER, RULES, SAMPLER, Rule
 from hasten.sifting.history import LossHistory
-from tests.unit.sifting._helpers import PlantedDataset, ids_of, planted_loss, tiny_model
+from tests._helpers import PlantedDataset, ids_of, planted_loss, tiny_model
 
 CASES = [
     pytest.param(rule, frontend, id=f"{rule.name}-{frontend}")
