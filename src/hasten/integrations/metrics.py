@@ -10,13 +10,15 @@ rank at the same step, as trainers do with their own logging.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import torch
 
 from hasten.sifting import PruningSampler, SiftingDataloader
 from hasten.sifting.core import dist as _dist
+
+T = TypeVar("T")
 
 __all__ = [
     "find_pruning_sampler",
@@ -37,47 +39,46 @@ _COUNTS = (
 )
 
 
-def find_sifting_loader(obj: Any, _depth: int = 0) -> SiftingDataloader | None:
+def find_sifting_loader(obj: Any) -> SiftingDataloader | None:
     """The :class:`SiftingDataloader` in ``obj``: the loader itself, a wrapper holding it as
     ``.loader`` (:class:`~hasten.integrations.epochs.SiftedEpochs`), or one inside a mapping or
     sequence of loaders (Lightning's combined loaders). ``None`` when there is none."""
-    if isinstance(obj, SiftingDataloader):
-        return obj
-    if _depth > 3 or obj is None:
+
+    def pick(o: Any) -> SiftingDataloader | None:
+        for candidate in (o, getattr(o, "loader", None)):
+            if isinstance(candidate, SiftingDataloader):
+                return candidate
         return None
-    inner = getattr(obj, "loader", None)
-    if isinstance(inner, SiftingDataloader):
-        return inner
-    flattened = getattr(obj, "flattened", None)  # lightning's CombinedLoader
-    if isinstance(flattened, list):
-        obj = flattened
-    if isinstance(obj, Mapping):
-        obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        for item in obj:
-            found = find_sifting_loader(item, _depth + 1)
-            if found is not None:
-                return found
-    return None
+
+    return _find(obj, pick)
 
 
-def find_pruning_sampler(obj: Any, _depth: int = 0) -> PruningSampler | None:
+def find_pruning_sampler(obj: Any) -> PruningSampler | None:
     """The :class:`PruningSampler` behind ``obj``: the sampler itself, or the sampler of a
     loader (``.sampler``, ``.batch_sampler.sampler``, accelerate's
     ``.batch_sampler.batch_sampler.sampler``), also inside a mapping or sequence of loaders
     (Lightning's combined loaders). ``None`` when there is none."""
-    if isinstance(obj, PruningSampler):
-        return obj
-    if _depth > 3 or obj is None:
+
+    def pick(o: Any) -> PruningSampler | None:
+        batch_sampler = getattr(o, "batch_sampler", None)
+        for candidate in (
+            o,
+            getattr(o, "sampler", None),
+            getattr(batch_sampler, "sampler", None),
+            getattr(getattr(batch_sampler, "batch_sampler", None), "sampler", None),
+        ):
+            if isinstance(candidate, PruningSampler):
+                return candidate
         return None
-    batch_sampler = getattr(obj, "batch_sampler", None)
-    for candidate in (
-        getattr(obj, "sampler", None),
-        getattr(batch_sampler, "sampler", None),
-        getattr(getattr(batch_sampler, "batch_sampler", None), "sampler", None),
-    ):
-        if isinstance(candidate, PruningSampler):
-            return candidate
+
+    return _find(obj, pick)
+
+
+def _find(obj: Any, pick: Callable[[Any], T | None], depth: int = 0) -> T | None:
+    """``pick(obj)``, else the first hit inside a combined loader, mapping or sequence (3 deep)."""
+    found = pick(obj)
+    if found is not None or depth > 3 or obj is None:
+        return found
     flattened = getattr(obj, "flattened", None)  # lightning's CombinedLoader
     if isinstance(flattened, list):
         obj = flattened
@@ -85,7 +86,7 @@ def find_pruning_sampler(obj: Any, _depth: int = 0) -> PruningSampler | None:
         obj = list(obj.values())
     if isinstance(obj, (list, tuple)):
         for item in obj:
-            found = find_pruning_sampler(item, _depth + 1)
+            found = _find(item, pick, depth + 1)
             if found is not None:
                 return found
     return None
