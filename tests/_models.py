@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -26,3 +28,16 @@ def tiny_bert_classifier(**config: Any) -> nn.Module:
         }
     )
     return transformers.BertForSequenceClassification(cfg)
+
+
+class TinyLM(nn.Module):
+    """Returns the loss and the logits it came from, as Transformers language models do."""
+
+    def __init__(self, vocab: int = 4096) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.head = nn.Linear(16, vocab)  # 256 tokens x 4096 = 2**20 logits: at the threshold
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.head(torch.tanh(self.body(x)))
+        return F.cross_entropy(logits.float(), labels), logits

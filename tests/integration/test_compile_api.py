@@ -293,7 +293,7 @@ def _logits_zero_fills(model: nn.Module, x: torch.Tensor, labels: torch.Tensor) 
 
 
 def test_loss_computed_from_returned_logits_gets_no_zero_gradient_for_them():
-    from tests.unit.compiler._pass_cases import TinyLM
+    from tests._models import TinyLM
 
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(0)

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests._models import TinyLM
+
 
 @dataclass(frozen=True)
 class PassCase:
@@ -122,19 +124,6 @@ class MutatedAfterMulByOne(nn.Module):
         y = h * 1
         y.add_(1.0)
         return h + y
-
-
-class TinyLM(nn.Module):
-    """Returns the loss and the logits it came from, as Transformers language models do."""
-
-    def __init__(self, vocab: int = 4096) -> None:
-        super().__init__()
-        self.body = nn.Linear(8, 16)
-        self.head = nn.Linear(16, vocab)  # 256 tokens x 4096 = 2**20 logits: at the threshold
-
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.head(torch.tanh(self.body(x)))
-        return F.cross_entropy(logits.float(), labels), logits
 
 
 class TinyLMPredictions(TinyLM):
