@@ -87,6 +87,8 @@ class HastenBackend:
             }
         with _scoped(self.config):
             ensure_intact(self.config.cache_dir)  # once per process and directory (cache.py)
+            if _device_type(example_inputs) == "cpu" and "cpp.vec_isa_ok" not in patches:
+                patches.update(vec_isa_patch())
             if getattr(gm, SPLIT_MARK, False):
                 compiled = compile_parts(gm, example_inputs, patches)
             else:
@@ -225,6 +227,68 @@ def compile_parts(
         _PartCompiler(split).run(*example_inputs)
     split.recompile()
     return split
+
+
+def vec_isa_patch() -> dict[str, Any]:
+    """``{"cpp.vec_isa_ok": True}`` when every SIMD ISA the CPU claims builds and loads here.
+
+    Inductor checks each ISA the CPU's flags claim (AMX, AVX-512 VNNI, AVX-512, AVX2) by
+    compiling a test library and loading it in a child Python: 1.24 s of every new process's
+    first compile, warm cache or not (measured on this Xeon, quiet). The outcome depends on the
+    CPU, the compiler, Python and torch only, so hasten probes once per cache directory, the way
+    Inductor would, and stores it (``hasten/vec_isa.json``). When every claimed ISA passed,
+    later processes tell Inductor so (``cpp.vec_isa_ok``, which Inductor reads instead of
+    probing: the same ISA list). The setting is part of Inductor's cache key, so it is set in the
+    probing process too, and a cold and a warm process compile alike. Off x86, or when any ISA
+    failed, nothing changes: Inductor probes as usual.
+    """
+    import json
+    import os
+    import platform
+    import shutil
+    import sys
+
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    if platform.machine() not in ("x86_64", "AMD64") or not sys.platform.startswith("linux"):
+        return {}
+    flags = set(cpu_vec_isa.x86_isa_checker())
+    claimed = [
+        str(isa)
+        for isa in cpu_vec_isa.supported_vec_isa_list
+        if all(f in flags for f in str(isa).split())
+    ]
+    try:
+        compiler = get_cpp_compiler()
+    except Exception:  # no compiler: Inductor reports it on its own
+        return {}
+    key = {
+        "torch": torch.__version__,
+        "python": sys.executable,
+        "compiler": compiler,
+        "compiler_mtime": os.stat(found).st_mtime if (found := shutil.which(compiler)) else None,
+        "claimed": claimed,
+    }
+    path = os.path.join(cache_dir(), "hasten", "vec_isa.json")
+    try:
+        with open(path) as f:
+            stored = json.load(f)
+    except (OSError, ValueError):
+        stored = None
+    if not (isinstance(stored, dict) and stored.get("key") == key):
+        valid = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]  # Inductor's probe
+        stored = {"key": key, "all_valid": valid == claimed}
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(stored, f)
+            os.replace(tmp, path)  # atomic: ranks probing at once never read half a file
+        except OSError:
+            pass  # a read-only cache: probe again next time
+    return {"cpp.vec_isa_ok": True} if stored.get("all_valid") and claimed else {}
 
 
 def _hasten_functions(gm: torch.fx.GraphModule) -> dict[str, str]:
