@@ -173,30 +173,41 @@ class _LightningEpochs(SiftedEpochs):
     """
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "world_size": _dist.world_size(),
-            "ranks": _dist.all_gather_objects(super().state_dict()),
-        }
+        return _every_rank("ranks", super().state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        ranks = state.get("ranks") if isinstance(state, dict) else None
-        if not isinstance(ranks, list):
-            raise ValueError(
-                "this Lightning checkpoint's train dataloader state is not a hasten sifting "
-                "stream's; resume with the DataModule that wrote it, or pass checkpoint=False "
-                "to sifting_dataloader to start a fresh sifted stream"
-            )
-        world = _dist.world_size()
-        if len(ranks) != world:
-            raise ValueError(
-                f"the checkpoint's sifting state comes from {len(ranks)} process(es), this run "
-                f"has {world}: the sifted stream resumes exactly only with the same number of "
-                "processes. Pass checkpoint=False to sifting_dataloader to start a fresh "
-                "sifted stream instead"
-            )
-        own = dict(ranks[_dist.rank()])
+        own = _this_rank(
+            state,
+            "ranks",
+            not_ours="this Lightning checkpoint's train dataloader state is not a hasten sifting "
+            "stream's; resume with the DataModule that wrote it, or pass checkpoint=False "
+            "to sifting_dataloader to start a fresh sifted stream",
+            other_world="the checkpoint's sifting state comes from {saved} process(es), this run "
+            "has {world}: the sifted stream resumes exactly only with the same number of "
+            "processes. Pass checkpoint=False to sifting_dataloader to start a fresh "
+            "sifted stream instead",
+        )
+        own = dict(own)
         own["epoch_length"] = self.epoch_length  # Lightning plans the epochs; see the class doc
         super().load_state_dict(own)
+
+
+def _every_rank(key: str, state: Any) -> dict[str, Any]:
+    """Every rank's ``state`` under ``key`` (Lightning saves rank 0's checkpoint only); a
+    collective: every rank must call it."""
+    return {"world_size": _dist.world_size(), key: _dist.all_gather_objects(state)}
+
+
+def _this_rank(state: Any, key: str, *, not_ours: str, other_world: str) -> Any:
+    """This rank's entry of an :func:`_every_rank` state; ``not_ours`` when ``state`` is not one,
+    ``other_world`` (with ``{saved}`` and ``{world}``) when it comes from another process count."""
+    ranks = state.get(key) if isinstance(state, dict) else None
+    if not isinstance(ranks, list):
+        raise ValueError(not_ours)
+    world = _dist.world_size()
+    if len(ranks) != world:
+        raise ValueError(other_world.format(saved=len(ranks), world=world))
+    return ranks[_dist.rank()]
 
 
 def _restore_at_epoch_boundary(trainer: Any, stream: Any) -> None:
@@ -630,23 +641,17 @@ class _StatefulPrunedLoader(_PrunedLoader):
     saves rank 0's checkpoint only), each rank resuming from its own."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "world_size": _dist.world_size(),
-            "pruning": _dist.all_gather_objects(self.sampler.state_dict()),
-        }
+        return _every_rank("pruning", self.sampler.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        ranks = state.get("pruning") if isinstance(state, dict) else None
-        if not isinstance(ranks, list):
-            raise ValueError(
-                "this checkpoint's train dataloader state is not a hasten pruning sampler's; "
-                "resume with the same Sifting config, or pass Sifting(..., checkpoint=False) "
-                "to start a fresh sampler"
-            )
-        if len(ranks) != _dist.world_size():
-            raise ValueError(
-                f"the checkpoint's pruning state comes from {len(ranks)} process(es), this run "
-                f"has {_dist.world_size()}: resume with the same number of processes, or pass "
-                "Sifting(..., checkpoint=False)"
-            )
-        self.sampler.load_state_dict(ranks[_dist.rank()])
+        own = _this_rank(
+            state,
+            "pruning",
+            not_ours="this checkpoint's train dataloader state is not a hasten pruning sampler's; "
+            "resume with the same Sifting config, or pass Sifting(..., checkpoint=False) "
+            "to start a fresh sampler",
+            other_world="the checkpoint's pruning state comes from {saved} process(es), this run "
+            "has {world}: resume with the same number of processes, or pass "
+            "Sifting(..., checkpoint=False)",
+        )
+        self.sampler.load_state_dict(own)
