@@ -85,6 +85,7 @@ from hasten.sifting import (
     SiftingDataloader,
     coerce_pruning_config,
 )
+from hasten.sifting.loss import as_loss
 
 __all__ = ["SiftingCallback", "compile_trainer", "enable_sifting", "is_pruning_config"]
 
@@ -362,10 +363,9 @@ def _enable_pruning(trainer: Any, config: Any, loss: Any, **kwargs: Any) -> None
 
 
 def _per_sample_loss(loss: Any) -> Callable[[Any, Any], torch.Tensor]:
-    if callable(getattr(loss, "loss", None)):
-        return lambda model, batch: loss.loss(model, batch, batch)
-    if callable(loss) and not isinstance(loss, type):
-        return loss
+    found = as_loss(loss)
+    if found is not None:
+        return lambda model, batch: found.loss(model, batch, batch)
     raise TypeError(
         f"loss must be a hasten Loss (loss.loss(model, batch)) or a callable fn(model, batch) "
         f"returning one loss per sample, got {type(loss).__name__}"
