@@ -23,6 +23,7 @@ like ``CompileConfig.passes``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -240,8 +241,17 @@ def vec_isa_patch() -> dict[str, Any]:
     later processes tell Inductor so (``cpp.vec_isa_ok``, which Inductor reads instead of
     probing: the same ISA list). The setting is part of Inductor's cache key, so it is set in the
     probing process too, and a cold and a warm process compile alike. Off x86, or when any ISA
-    failed, nothing changes: Inductor probes as usual.
+    failed, nothing changes: Inductor probes as usual. Worked out once per process and
+    directory (every graph's compile asks).
     """
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return dict(_vec_isa_patch(cache_dir()))
+
+
+@functools.cache
+def _vec_isa_patch(directory: str) -> tuple[tuple[str, Any], ...]:
+    """:func:`vec_isa_patch` for cache ``directory``, as hashable items."""
     import json
     import os
     import platform
@@ -250,10 +260,9 @@ def vec_isa_patch() -> dict[str, Any]:
 
     from torch._inductor import cpu_vec_isa
     from torch._inductor.cpp_builder import get_cpp_compiler
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     if platform.machine() not in ("x86_64", "AMD64") or not sys.platform.startswith("linux"):
-        return {}
+        return ()
     flags = set(cpu_vec_isa.x86_isa_checker())
     claimed = [
         str(isa)
@@ -263,7 +272,7 @@ def vec_isa_patch() -> dict[str, Any]:
     try:
         compiler = get_cpp_compiler()
     except Exception:  # no compiler: Inductor reports it on its own
-        return {}
+        return ()
     key = {
         "torch": torch.__version__,
         "python": sys.executable,
@@ -271,7 +280,7 @@ def vec_isa_patch() -> dict[str, Any]:
         "compiler_mtime": os.stat(found).st_mtime if (found := shutil.which(compiler)) else None,
         "claimed": claimed,
     }
-    path = os.path.join(cache_dir(), "hasten", "vec_isa.json")
+    path = os.path.join(directory, "hasten", "vec_isa.json")
     try:
         with open(path) as f:
             stored = json.load(f)
@@ -288,7 +297,7 @@ def vec_isa_patch() -> dict[str, Any]:
             os.replace(tmp, path)  # atomic: ranks probing at once never read half a file
         except OSError:
             pass  # a read-only cache: probe again next time
-    return {"cpp.vec_isa_ok": True} if stored.get("all_valid") and claimed else {}
+    return (("cpp.vec_isa_ok", True),) if stored.get("all_valid") and claimed else ()
 
 
 def _hasten_functions(gm: torch.fx.GraphModule) -> dict[str, str]:
@@ -300,7 +309,7 @@ def _hasten_functions(gm: torch.fx.GraphModule) -> dict[str, str]:
     cache key: each is the hash of the file that defines the function, so editing it misses.
     """
     marked: dict[str, str] = {}
-    for g in (gm, *(m for m in gm.modules() if isinstance(m, torch.fx.GraphModule))):
+    for g in (m for m in gm.modules() if isinstance(m, torch.fx.GraphModule)):  # gm included
         for node in g.graph.nodes:
             fn = node.target
             if node.op != "call_function" or not callable(fn):

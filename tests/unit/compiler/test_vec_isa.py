@@ -11,7 +11,7 @@ pytest.importorskip("hasten.compiler")
 
 from torch._inductor import cpu_vec_isa
 
-from hasten.compiler.backend import vec_isa_patch
+from hasten.compiler.backend import _vec_isa_patch, vec_isa_patch
 
 pytestmark = pytest.mark.skipif(
     platform.machine() not in ("x86_64", "AMD64"), reason="the shortcut is x86-only"
@@ -30,7 +30,14 @@ def _claimed() -> list[str]:
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    return tmp_path
+    _vec_isa_patch.cache_clear()
+    yield tmp_path
+    _vec_isa_patch.cache_clear()
+
+
+def _new_process() -> None:
+    """What a new process starts with: nothing remembered in memory, only the stored file."""
+    _vec_isa_patch.cache_clear()
 
 
 def test_the_probe_runs_once_per_cache_directory(cache, monkeypatch):
@@ -48,6 +55,7 @@ def test_the_probe_runs_once_per_cache_directory(cache, monkeypatch):
         [i for i in cpu_vec_isa.supported_vec_isa_list if str(i) in _claimed()],
     )
     assert vec_isa_patch() == {"cpp.vec_isa_ok": True}
+    _new_process()
     assert vec_isa_patch() == {"cpp.vec_isa_ok": True}
     assert len(calls) == 1  # the second process-equivalent read the stored outcome
     stored = json.loads((cache / "hasten" / "vec_isa.json").read_text())
@@ -61,6 +69,7 @@ def test_an_isa_that_failed_its_probe_leaves_inductor_probing(cache, monkeypatch
     failing = [i for i in cpu_vec_isa.supported_vec_isa_list if str(i) in claimed][1:]
     monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", lambda: failing)
     assert vec_isa_patch() == {}
+    _new_process()
     assert vec_isa_patch() == {}  # stored as not all valid: still no shortcut
 
 
