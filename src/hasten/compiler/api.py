@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from hasten._modules import module_device
+from hasten.compiler import cache as _cache
 from hasten.compiler.config import (
     CompileConfig,
     Fallback,
@@ -33,6 +34,7 @@ from hasten.compiler.precision import attach_grad_scaler
 from hasten.compiler.regions import install
 from hasten.compiler.report import CompileRecord, CompileReport
 from hasten.compiler.traps import apply_fixes, call_fixes, unwrap_data_parallel
+from hasten.compiler.vec_isa import start_vec_isa_probe
 
 if TYPE_CHECKING:
     from hasten.compiler.verify import VerifyResult
@@ -132,6 +134,8 @@ def compile(
         if target is not model:
             attach_grad_scaler(target, device.type)
     install(target, cfg, record, device.type)
+    if device.type == "cpu" and "cpp.vec_isa_ok" not in cfg.inductor_options:
+        start_vec_isa_probe(_cache.cache_dir(cfg.cache_dir))  # runs while TorchDynamo traces
     fixes, notes = call_fixes(target, fix=cfg.fix_known_traps)
     record.fixes.extend(notes)
     target._compiled_call_impl.call_fixes.extend(fixes)  # type: ignore[union-attr]

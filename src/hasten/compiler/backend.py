@@ -23,7 +23,6 @@ like ``CompileConfig.passes``).
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -36,6 +35,7 @@ from hasten.compiler.cache import ensure_intact
 from hasten.compiler.config import CompileConfig
 from hasten.compiler.passes.registry import SPLIT_MARK, get_pass, run_passes
 from hasten.compiler.report import CompileRecord, graph_shape
+from hasten.compiler.vec_isa import vec_isa_patch
 
 __all__ = ["HastenBackend", "hasten_backend", "inductor_patches"]
 
@@ -228,76 +228,6 @@ def compile_parts(
         _PartCompiler(split).run(*example_inputs)
     split.recompile()
     return split
-
-
-def vec_isa_patch() -> dict[str, Any]:
-    """``{"cpp.vec_isa_ok": True}`` when every SIMD ISA the CPU claims builds and loads here.
-
-    Inductor checks each ISA the CPU's flags claim (AMX, AVX-512 VNNI, AVX-512, AVX2) by
-    compiling a test library and loading it in a child Python: 1.24 s of every new process's
-    first compile, warm cache or not (measured on this Xeon, quiet). The outcome depends on the
-    CPU, the compiler, Python and torch only, so hasten probes once per cache directory, the way
-    Inductor would, and stores it (``hasten/vec_isa.json``). When every claimed ISA passed,
-    later processes tell Inductor so (``cpp.vec_isa_ok``, which Inductor reads instead of
-    probing: the same ISA list). The setting is part of Inductor's cache key, so it is set in the
-    probing process too, and a cold and a warm process compile alike. Off x86, or when any ISA
-    failed, nothing changes: Inductor probes as usual. Worked out once per process and
-    directory (every graph's compile asks).
-    """
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return dict(_vec_isa_patch(cache_dir()))
-
-
-@functools.cache
-def _vec_isa_patch(directory: str) -> tuple[tuple[str, Any], ...]:
-    """:func:`vec_isa_patch` for cache ``directory``, as hashable items."""
-    import json
-    import os
-    import platform
-    import shutil
-    import sys
-
-    from torch._inductor import cpu_vec_isa
-    from torch._inductor.cpp_builder import get_cpp_compiler
-
-    if platform.machine() not in ("x86_64", "AMD64") or not sys.platform.startswith("linux"):
-        return ()
-    flags = set(cpu_vec_isa.x86_isa_checker())
-    claimed = [
-        str(isa)
-        for isa in cpu_vec_isa.supported_vec_isa_list
-        if all(f in flags for f in str(isa).split())
-    ]
-    try:
-        compiler = get_cpp_compiler()
-    except Exception:  # no compiler: Inductor reports it on its own
-        return ()
-    key = {
-        "torch": torch.__version__,
-        "python": sys.executable,
-        "compiler": compiler,
-        "compiler_mtime": os.stat(found).st_mtime if (found := shutil.which(compiler)) else None,
-        "claimed": claimed,
-    }
-    path = os.path.join(directory, "hasten", "vec_isa.json")
-    try:
-        with open(path) as f:
-            stored = json.load(f)
-    except (OSError, ValueError):
-        stored = None
-    if not (isinstance(stored, dict) and stored.get("key") == key):
-        valid = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]  # Inductor's probe
-        stored = {"key": key, "all_valid": valid == claimed}
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(stored, f)
-            os.replace(tmp, path)  # atomic: ranks probing at once never read half a file
-        except OSError:
-            pass  # a read-only cache: probe again next time
-    return (("cpp.vec_isa_ok", True),) if stored.get("all_valid") and claimed else ()
 
 
 def _hasten_functions(gm: torch.fx.GraphModule) -> dict[str, str]:

@@ -1,86 +1,116 @@
-"""hasten probes Inductor's SIMD ISAs once per cache directory, not once per process."""
+"""hasten probes Inductor's best SIMD ISA once per cache directory, in the background."""
 
 from __future__ import annotations
 
 import json
 import platform
+import threading
 
 import pytest
 
 pytest.importorskip("hasten.compiler")
 
-from torch._inductor import cpu_vec_isa
-
-from hasten.compiler.backend import _vec_isa_patch, vec_isa_patch
+from hasten.compiler import vec_isa
+from hasten.compiler.vec_isa import start_vec_isa_probe, vec_isa_patch
 
 pytestmark = pytest.mark.skipif(
     platform.machine() not in ("x86_64", "AMD64"), reason="the shortcut is x86-only"
 )
 
 
-def _claimed() -> list[str]:
-    flags = set(cpu_vec_isa.x86_isa_checker())
-    return [
-        str(i)
-        for i in cpu_vec_isa.supported_vec_isa_list
-        if all(f in flags for f in str(i).split())
-    ]
-
-
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    _vec_isa_patch.cache_clear()
+    vec_isa._forget()
     yield tmp_path
-    _vec_isa_patch.cache_clear()
+    vec_isa._forget()
+
+
+@pytest.fixture
+def claimed():
+    isas = vec_isa._claimed()
+    if not isas:
+        pytest.skip("this CPU claims no SIMD ISA Inductor knows")
+    return isas
 
 
 def _new_process() -> None:
     """What a new process starts with: nothing remembered in memory, only the stored file."""
-    _vec_isa_patch.cache_clear()
+    vec_isa._forget()
 
 
-def test_the_probe_runs_once_per_cache_directory(cache, monkeypatch):
-    if not _claimed():
-        pytest.skip("this CPU claims no SIMD ISA Inductor knows")
-    calls = []
-    monkeypatch.setattr(
-        cpu_vec_isa,
-        "valid_vec_isa_list",
-        lambda: calls.append(1) or cpu_vec_isa.supported_vec_isa_list,
-    )
-    monkeypatch.setattr(
-        cpu_vec_isa,
-        "supported_vec_isa_list",
-        [i for i in cpu_vec_isa.supported_vec_isa_list if str(i) in _claimed()],
-    )
+def test_the_best_isa_alone_is_probed_once_per_cache_directory(cache, claimed, monkeypatch):
+    probed = []
+    monkeypatch.setattr(vec_isa, "_probe", lambda isa: probed.append(str(isa)) or True)
     assert vec_isa_patch() == {"cpp.vec_isa_ok": True}
     _new_process()
     assert vec_isa_patch() == {"cpp.vec_isa_ok": True}
-    assert len(calls) == 1  # the second process-equivalent read the stored outcome
+    assert probed == [str(claimed[0])]  # one ISA, one process; the second read the file
     stored = json.loads((cache / "hasten" / "vec_isa.json").read_text())
-    assert stored["all_valid"] is True and stored["key"]["claimed"] == _claimed()
+    assert stored["best_valid"] is True
+    assert stored["key"]["claimed"] == [str(i) for i in claimed]
 
 
-def test_an_isa_that_failed_its_probe_leaves_inductor_probing(cache, monkeypatch):
-    claimed = _claimed()
-    if not claimed:
-        pytest.skip("this CPU claims no SIMD ISA Inductor knows")
-    failing = [i for i in cpu_vec_isa.supported_vec_isa_list if str(i) in claimed][1:]
-    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", lambda: failing)
+def test_the_real_probe_passes_on_this_machine(cache, claimed):
+    # Inductor's own checks for the best ISA (a header build and a load in a child Python)
+    assert vec_isa_patch() == {"cpp.vec_isa_ok": True}
+
+
+def test_a_failed_best_isa_leaves_inductor_probing(cache, claimed, monkeypatch):
+    monkeypatch.setattr(vec_isa, "_probe", lambda isa: False)
     assert vec_isa_patch() == {}
     _new_process()
-    assert vec_isa_patch() == {}  # stored as not all valid: still no shortcut
+    assert vec_isa_patch() == {}  # stored as failed: still no shortcut
 
 
-def test_a_stored_outcome_for_another_setup_is_probed_again(cache, monkeypatch):
-    if not _claimed():
-        pytest.skip("this CPU claims no SIMD ISA Inductor knows")
+def test_a_probe_that_raises_gives_no_shortcut(cache, claimed, monkeypatch):
+    def boom(isa):
+        raise RuntimeError("compiler crashed")
+
+    monkeypatch.setattr(vec_isa, "_probe", boom)
+    assert vec_isa_patch() == {}
+
+
+def test_a_stored_outcome_for_another_setup_is_probed_again(cache, claimed, monkeypatch):
     path = cache / "hasten" / "vec_isa.json"
     path.parent.mkdir(parents=True)
+    # the all-ISA probe's record (no "probed" field): probed again, not trusted
     path.write_text(json.dumps({"key": {"torch": "0.0"}, "all_valid": True}))
-    calls = []
-    real = [i for i in cpu_vec_isa.supported_vec_isa_list if str(i) in _claimed()]
-    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", lambda: calls.append(1) or real[1:])
-    assert vec_isa_patch() == {}  # probed afresh: one ISA failed on this setup
-    assert calls == [1]
+    probed = []
+    monkeypatch.setattr(vec_isa, "_probe", lambda isa: probed.append(1) or False)
+    assert vec_isa_patch() == {}
+    assert probed == [1]
+
+
+def test_a_background_probe_is_waited_for_not_repeated(cache, claimed, monkeypatch):
+    release = threading.Event()
+    probed = []
+
+    def slow(isa):
+        probed.append(threading.current_thread().name)
+        release.wait(10)
+        return True
+
+    monkeypatch.setattr(vec_isa, "_probe", slow)
+    start_vec_isa_probe(str(cache))
+    start_vec_isa_probe(str(cache))  # a second model compiled: no second probe
+    waiter = threading.Thread(target=lambda: probed.append(vec_isa_patch()))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # the backend waits for the background probe...
+    release.set()
+    waiter.join(10)
+    assert probed == ["hasten-vec-isa", {"cpp.vec_isa_ok": True}]  # ...and uses its outcome
+
+
+def test_hasten_compile_starts_the_probe_for_a_cpu_model(cache, claimed, monkeypatch):
+    import torch
+
+    import hasten
+
+    started = []
+    monkeypatch.setattr("hasten.compiler.api.start_vec_isa_probe", started.append)
+    hasten.compile(torch.nn.Linear(2, 2), cache_dir=cache / "own")
+    assert started == [str(cache / "own")]
+    hasten.compile(torch.nn.Linear(2, 2), inductor_options={"cpp.vec_isa_ok": False})
+    assert started == [str(cache / "own")]  # the user's own setting: nothing to probe
