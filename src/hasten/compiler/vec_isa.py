@@ -17,7 +17,8 @@ hasten does three things about it:
   needs a subset of its instructions and compiler flags (AVX-512 VNNI < AMX, AVX2 < AVX-512). So
   hasten runs Inductor's own checks for the first claimed ISA alone (header build, load, AMX
   permission); when it passes, the others are taken as valid. Inductor still runs its small
-  per-ISA checks (VNNI, bf16), which read the compiler flags each ISA compiles with.
+  per-ISA checks (VNNI, AMX tiles, bf16), which set the compiler flags each ISA compiles with;
+  in a cold cache hasten builds them beforehand in the same background thread.
 * **Off the critical path.** ``hasten.compile`` starts the probe in a background thread, so it
   runs while TorchDynamo traces the model; the backend waits for it before Inductor starts.
 
@@ -27,6 +28,7 @@ Inductor probes as usual.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -80,9 +82,36 @@ def _future(directory: str, *, background: bool) -> Future[tuple[tuple[str, Any]
 
 def _resolve(future: Future[tuple[tuple[str, Any], ...]], directory: str) -> None:
     try:
-        future.set_result(_stored_or_probed(directory))
+        patch, probed = _stored_or_probed(directory)
     except Exception:  # any surprise: no shortcut, Inductor probes as it always does
         future.set_result(())
+        return
+    future.set_result(patch)
+    if patch and probed:  # a cold cache: the small checks are still to build
+        with contextlib.suppress(Exception):  # Inductor builds whatever is missing itself
+            _build_small_checks(_claimed()[1:])
+
+
+def _build_small_checks(isas: list[Any]) -> None:
+    """Build the small per-ISA checks Inductor runs even with ``cpp.vec_isa_ok`` (VNNI, AMX
+    tiles, AVX-512 bf16; 0.3 s each, cold) for ``isas``, so that Inductor's own checks find
+    them built and only load them (20 ms each).
+
+    Each check runs on a twin of the ISA that takes the header build as passed (what
+    ``cpp.vec_isa_ok`` does, without setting it: the setting is process-wide and this runs in a
+    thread). A twin compiles with the same flags in the same order as the ISA itself, so the
+    builds land under the keys Inductor looks up; its outcome is not used.
+    """
+    for isa in isas:
+        cls = type(isa)
+        twin_cls = type(
+            f"_Trusting{cls.__name__}",
+            (cls,),
+            {"_VecISA__bool__impl": lambda self, vec_isa_ok: True},  # VecISA.__bool__impl
+        )
+        twin = object.__new__(twin_cls)
+        twin.__dict__.update(isa.__dict__)
+        bool(twin)
 
 
 def _forget() -> None:
@@ -112,18 +141,19 @@ def _probe(isa: Any) -> bool:
     return bool(isa.check_build(VecISA._avx_code)) and bool(isa)
 
 
-def _stored_or_probed(directory: str) -> tuple[tuple[str, Any], ...]:
+def _stored_or_probed(directory: str) -> tuple[tuple[tuple[str, Any], ...], bool]:
+    """The patch for ``directory``, and whether this call probed (no stored outcome fitted)."""
     from torch._inductor.cpp_builder import get_cpp_compiler
 
     if platform.machine() not in ("x86_64", "AMD64") or not sys.platform.startswith("linux"):
-        return ()
+        return (), False
     claimed = _claimed()
     if not claimed:
-        return ()
+        return (), False
     try:
         compiler = get_cpp_compiler()
     except Exception:  # no compiler: Inductor reports it on its own
-        return ()
+        return (), False
     key = {
         "torch": torch.__version__,
         "python": sys.executable,
@@ -138,7 +168,8 @@ def _stored_or_probed(directory: str) -> tuple[tuple[str, Any], ...]:
             stored = json.load(f)
     except (OSError, ValueError):
         stored = None
-    if not (isinstance(stored, dict) and stored.get("key") == key):
+    probed = not (isinstance(stored, dict) and stored.get("key") == key)
+    if probed:
         stored = {"key": key, "best_valid": _probe(claimed[0])}
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -148,4 +179,4 @@ def _stored_or_probed(directory: str) -> tuple[tuple[str, Any], ...]:
             os.replace(tmp, path)  # atomic: ranks probing at once never read half a file
         except OSError:
             pass  # a read-only cache: probe again next time
-    return _PATCH if stored.get("best_valid") is True else ()
+    return (_PATCH if stored.get("best_valid") is True else ()), probed

@@ -114,3 +114,17 @@ def test_hasten_compile_starts_the_probe_for_a_cpu_model(cache, claimed, monkeyp
     assert started == [str(cache / "own")]
     hasten.compile(torch.nn.Linear(2, 2), inductor_options={"cpp.vec_isa_ok": False})
     assert started == [str(cache / "own")]  # the user's own setting: nothing to probe
+
+
+def test_small_checks_built_ahead_are_the_ones_inductor_looks_up(cache, claimed):
+    from torch._inductor import config
+
+    lower = claimed[1:]
+    vec_isa._build_small_checks([type(i)() for i in lower])  # fresh: nothing remembered
+    built = sorted(cache.rglob("*.so"))
+    if not built:
+        pytest.skip("this CPU's lower ISAs have no small checks (AVX2 only)")
+    with config.patch({"cpp.vec_isa_ok": True}):
+        outcomes = [bool(type(i)()) for i in lower]  # what Inductor does under the shortcut
+    assert sorted(cache.rglob("*.so")) == built  # found built, only loaded
+    assert all(outcomes)
