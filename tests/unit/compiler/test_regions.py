@@ -204,3 +204,91 @@ def test_a_training_kv_cache_gives_each_block_code_of_its_own():
     net.train()
     net.config.use_cache = False
     assert not builds_kv_cache(net)
+
+
+def _tiny_gpt2() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=16,
+        n_head=2,
+        vocab_size=40,
+        n_positions=16,
+        use_cache=False,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,  # no RNG: eager and compiled alike
+    )
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _lm_steps(model: nn.Module, n: int = 4) -> list[float]:
+    # SGD, not AdamW: the attention keys' bias has a zero gradient in exact arithmetic, so its
+    # gradient is rounding noise, which Adam's normalisation would blow up to a full lr step
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    g = torch.Generator().manual_seed(2)
+    losses = []
+    for _ in range(n):
+        ids = torch.randint(0, 40, (3, 12), generator=g)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["compiled", "eager"])
+def test_a_transformers_loss_is_its_own_region_in_block_mode_fp32(loss, monkeypatch):
+    import copy
+    import pickle
+
+    import hasten
+    from hasten.compiler import regions as r
+    from hasten.compiler.api import compile_report
+
+    monkeypatch.setattr(r, "LOSS", loss)
+    eager = _tiny_gpt2()
+    eager.config.problem_type = None
+    blocks = hasten.compile(copy.deepcopy(eager), regions="blocks")
+    want, got = _lm_steps(eager), _lm_steps(blocks)
+    # fp32: equal up to kernel rounding (fused log-softmax/NLL reorders sums), after 4 AdamW steps
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    for (n, p), (_, q) in zip(eager.named_parameters(), blocks.named_parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=n)
+    report = compile_report(blocks)
+    assert len(report.graphs) == (2 if loss == "compiled" else 1)  # the block (+ the loss)
+    assert len(report.recompiles) == 0
+    said = " ".join(report.fixes)
+    assert ("loss function is compiled on its own" in said) == (loss == "compiled")
+    # the compiled loss stood in during calls only: the model's own attributes are untouched
+    assert "_loss_function" not in blocks.__dict__
+    assert blocks.state_dict().keys() == eager.state_dict().keys()
+    assert pickle.loads(pickle.dumps(blocks)).loss_function is eager.loss_function
+
+
+@pytest.mark.slow
+def test_a_loss_function_the_user_set_is_compiled_and_put_back(monkeypatch):
+    import hasten
+    from hasten.compiler import regions as r
+
+    monkeypatch.setattr(r, "LOSS", "compiled")
+
+    model = _tiny_gpt2()
+    calls = []
+
+    def mine(logits, labels, vocab_size, **kwargs):
+        calls.append(1)  # runs while TorchDynamo traces it, and on eager fallbacks
+        return nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, vocab_size), labels[:, 1:].reshape(-1)
+        )
+
+    model.loss_function = mine
+    hasten.compile(model, regions="blocks")
+    ids = torch.randint(0, 40, (3, 12), generator=torch.Generator().manual_seed(0))
+    want = mine(model(input_ids=ids).logits, ids, 40)
+    got = model(input_ids=ids, labels=ids).loss
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # fp32
+    assert model.loss_function is mine
