@@ -22,7 +22,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BASE_MODELS = ("gpt2", "bert", "llama")
 BASE_CANDIDATES = (
     "eager,torch.compile,torch.compile+fused-AdamW,torch.compile-regional,"
-    "hasten.compile,hasten.compile+compile_step"
+    "hasten.compile,hasten.compile+compile_step,hasten.compile-blocks"
 )
 
 

@@ -18,6 +18,10 @@ torch.compile-regional           PyTorch's regional recipe: ``block.compile()`` 
 hasten.compile                   the two lines: ``hasten.compile(model)``, default AdamW
 hasten.compile+compile_step      ``hasten.compile(model)`` and ``hasten.compile_step`` around the
                                  step (the fused AdamW kernel)
+hasten.compile-blocks            ``hasten.compile(model, regions="blocks")``: each repeated block
+                                 compiled once and shared, the rest eager;
+                                 ``config.use_cache = False`` as for the regional recipe; default
+                                 AdamW
 ===============================  ===============================================================
 
 At ``bf16`` each name gets a ``-bf16`` suffix: eager and ``torch.compile`` run under
@@ -71,6 +75,7 @@ CANDIDATES = (
     "torch.compile-regional",
     "hasten.compile",
     "hasten.compile+compile_step",
+    "hasten.compile-blocks",
 )
 DEFAULT_CANDIDATES = ("eager", "torch.compile", "hasten.compile", "hasten.compile+compile_step")
 _OPTIMIZERS = {  # recorded with each result; the others use AdamW's defaults
@@ -132,6 +137,11 @@ def _make_setup(
             model = torch.compile(model)
         elif kind == "torch.compile-regional":
             model = _compile_regions(model)
+        elif kind == "hasten.compile-blocks":
+            config = getattr(model, "config", None)
+            if getattr(config, "use_cache", False):
+                config.use_cache = False  # as the regional recipe (and hasten's note) asks
+            model = _hasten_api.hasten_compile(model, precision=precision, regions="blocks")
         elif hasten:
             model = _hasten_api.hasten_compile(model, precision=precision)
         fused = kind == "torch.compile+fused-AdamW"

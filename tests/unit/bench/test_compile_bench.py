@@ -118,3 +118,21 @@ def test_first_calls_run_in_processes_of_their_own():
     for which in ("cold", "warm"):
         assert fc[which]["error"] is None, fc[which]
         assert fc[which]["first_call_s"] > 0 and fc[which]["import_s"] > 0
+
+
+def test_blocks_candidate_compiles_by_block_without_the_training_kv_cache(monkeypatch):
+    import hasten.bench._hasten_api as api
+
+    seen = {}
+
+    def spy(model, precision="fp32", **overrides):
+        seen.update(overrides, use_cache=model.config.use_cache)
+        return model  # what runs is not the point here
+
+    monkeypatch.setattr(api, "hasten_compile", spy)
+    spec = get_model_spec("gpt2", "tiny")
+    (cand,) = [
+        c for c in candidates_for(spec, kinds=("hasten.compile-blocks",)) if c.name != "eager"
+    ]
+    cand.setup()
+    assert seen == {"regions": "blocks", "use_cache": False}
