@@ -128,3 +128,42 @@ def test_small_checks_built_ahead_are_the_ones_inductor_looks_up(cache, claimed)
         outcomes = [bool(type(i)()) for i in lower]  # what Inductor does under the shortcut
     assert sorted(cache.rglob("*.so")) == built  # found built, only loaded
     assert all(outcomes)
+
+
+_HEADER_SCRIPT = """
+import glob, json, os
+import torch
+from torch._inductor import codecache, config
+from hasten.compiler import vec_isa
+
+best = vec_isa._claimed()[0]
+assert bool(best)
+vec_isa._build_kernel_header(best)
+before = sorted(glob.glob(os.path.join(codecache._HEADER_DIR, "*.gch")))
+with config.patch({"cpp.vec_isa_ok": True}):  # as hasten compiles
+    f = torch.compile(lambda x: (x.sin() * 2).sum(), backend="inductor")
+    f(torch.randn(64))
+after = sorted(glob.glob(os.path.join(codecache._HEADER_DIR, "*.gch")))
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+@pytest.mark.slow
+def test_the_kernel_header_built_ahead_is_the_one_inductor_uses(tmp_path, claimed):
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmp_path),  # a machine that never precompiled the header
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _HEADER_SCRIPT], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["before"] and all(p.startswith(str(tmp_path)) for p in seen["before"])
+    assert seen["after"] == seen["before"]  # Inductor's first kernel found it built
