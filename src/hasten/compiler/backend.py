@@ -33,9 +33,12 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 
 from hasten.compiler.cache import ensure_intact
 from hasten.compiler.config import CompileConfig
+from hasten.compiler.kernels import batched_kernels
 from hasten.compiler.passes.registry import SPLIT_MARK, get_pass, run_passes
 from hasten.compiler.report import CompileRecord, graph_shape
 from hasten.compiler.vec_isa import vec_isa_patch
+
+_nothing = contextlib.nullcontext
 
 __all__ = ["HastenBackend", "hasten_backend", "inductor_patches"]
 
@@ -90,10 +93,12 @@ class HastenBackend:
             ensure_intact(self.config.cache_dir)  # once per process and directory (cache.py)
             if _device_type(example_inputs) == "cpu" and "cpp.vec_isa_ok" not in patches:
                 patches.update(vec_isa_patch())
-            if getattr(gm, SPLIT_MARK, False):
-                compiled = compile_parts(gm, example_inputs, patches)
-            else:
-                compiled = compile_fx(gm, example_inputs, config_patches=patches)
+            batch = batched_kernels() if _device_type(example_inputs) == "cpu" else _nothing()
+            with batch:  # a graph's CPU kernels built as a few libraries (kernels.py)
+                if getattr(gm, SPLIT_MARK, False):
+                    compiled = compile_parts(gm, example_inputs, patches)
+                else:
+                    compiled = compile_fx(gm, example_inputs, config_patches=patches)
         seconds = time.perf_counter() - t0
         self.record.add_graph(shape, seconds, self.variant)
         with self.record.lock:
