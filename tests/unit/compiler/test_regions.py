@@ -140,11 +140,19 @@ def _train(model: nn.Module, steps: int = 4) -> list[float]:
 
 
 def train_steps(model: nn.Module, opt: torch.optim.Optimizer, g: torch.Generator, n: int):
-    """``n`` AdamW steps on random (4, 6) token batches drawn from ``g``; the losses."""
+    """``n`` steps of ``opt`` on random (4, 6) token batches drawn from ``g``; the losses."""
+
+    def loss_of(model: nn.Module) -> torch.Tensor:
+        ids, y = torch.randint(0, 16, (4, 6), generator=g), torch.randint(0, 3, (4,), generator=g)
+        return nn.functional.cross_entropy(model(ids), y)
+
+    return _loop(model, opt, n, loss_of)
+
+
+def _loop(model: nn.Module, opt: torch.optim.Optimizer, n: int, loss_of) -> list[float]:
     losses = []
     for _ in range(n):
-        ids, y = torch.randint(0, 16, (4, 6), generator=g), torch.randint(0, 3, (4,), generator=g)
-        loss = nn.functional.cross_entropy(model(ids), y)
+        loss = loss_of(model)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -228,15 +236,12 @@ def _lm_steps(model: nn.Module, n: int = 4) -> list[float]:
     # gradient is rounding noise, which Adam's normalisation would blow up to a full lr step
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     g = torch.Generator().manual_seed(2)
-    losses = []
-    for _ in range(n):
+
+    def loss_of(model: nn.Module) -> torch.Tensor:
         ids = torch.randint(0, 40, (3, 12), generator=g)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+        return model(input_ids=ids, labels=ids).loss
+
+    return _loop(model, opt, n, loss_of)
 
 
 @pytest.mark.slow
