@@ -49,8 +49,33 @@ _FUTURES: dict[str, Future[tuple[tuple[str, Any], ...]]] = {}
 _LOCK = threading.Lock()
 
 
+_THREAD_IMPORTS = (
+    "torch._inductor.codecache",
+    "torch._inductor.cpp_builder",
+    "torch._inductor.cpu_vec_isa",
+    "torch._inductor.runtime.cache_dir_utils",
+    "torch.utils._filelock",
+    "torch.utils.cpp_extension",
+)
+"""Every module the probe thread needs, imported by the caller before the thread starts.
+
+Two threads importing overlapping parts of torch at once are not safe: with these imports left
+to the thread, a fresh-clone test run once failed in the main thread's first compile with
+``ModuleNotFoundError: No module named 'torch.utils._runtime_estimation'`` (a module that exists)
+while the thread imported ``torch._inductor``. ``test_vec_isa.py`` checks that the thread imports
+nothing on its own."""
+
+
 def start_vec_isa_probe(directory: str) -> None:
-    """Work out :func:`vec_isa_patch` for cache ``directory`` in a daemon thread (at most once)."""
+    """Work out :func:`vec_isa_patch` for cache ``directory`` in a daemon thread (at most once).
+
+    The thread's imports happen here, in the caller's thread (see :data:`_THREAD_IMPORTS`); they
+    are ones Inductor's first compile makes anyway (about 1 s, moved from the first call here).
+    """
+    import importlib
+
+    for name in _THREAD_IMPORTS:
+        importlib.import_module(name)
     _future(directory, background=True)
 
 

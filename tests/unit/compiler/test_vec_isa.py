@@ -167,3 +167,39 @@ def test_the_kernel_header_built_ahead_is_the_one_inductor_uses(tmp_path, claime
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["before"] and all(p.startswith(str(tmp_path)) for p in seen["before"])
     assert seen["after"] == seen["before"]  # Inductor's first kernel found it built
+
+
+_IMPORTS_SCRIPT = """
+import sys, threading
+seen = []
+sys.addaudithook(
+    lambda event, args: seen.append(args[0])
+    if event == "import" and threading.current_thread().name == "hasten-vec-isa"
+    else None
+)
+import torch, hasten
+hasten.compile(torch.nn.Linear(2, 2))
+for t in threading.enumerate():
+    if t.name == "hasten-vec-isa":
+        t.join()
+print(sorted(set(seen)))
+"""
+
+
+@pytest.mark.slow
+def test_the_probe_thread_imports_nothing_itself(tmp_path, claimed):
+    # torch's imports are not safe from two threads at once: the caller imports for the thread
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmp_path),  # everything cold: probe, small checks, header
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_SCRIPT], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
