@@ -38,8 +38,6 @@ from hasten.compiler.passes.registry import SPLIT_MARK, get_pass, run_passes
 from hasten.compiler.report import CompileRecord, graph_shape
 from hasten.compiler.vec_isa import vec_isa_patch
 
-_nothing = contextlib.nullcontext
-
 __all__ = ["HastenBackend", "hasten_backend", "inductor_patches"]
 
 
@@ -76,13 +74,12 @@ class HastenBackend:
 
         t0 = time.perf_counter()
         shape = graph_shape(gm)  # before the passes rewrite gm in place
+        device = _device_type(example_inputs)
         gm, stats = run_passes(gm, example_inputs, self.pre_grad, graph="pre_grad")
         with self.record.lock:
             self.record.pass_stats.extend(stats)
             self.record.backend_calls += 1
-        patches = inductor_patches(
-            self.config, _device_type(example_inputs), self._post_grad_hook()
-        )
+        patches = inductor_patches(self.config, device, self._post_grad_hook())
         marked = _hasten_functions(gm)
         if marked:
             patches["unsafe_marked_cacheable_functions"] = {
@@ -91,9 +88,9 @@ class HastenBackend:
             }
         with _scoped(self.config):
             ensure_intact(self.config.cache_dir)  # once per process and directory (cache.py)
-            if _device_type(example_inputs) == "cpu" and "cpp.vec_isa_ok" not in patches:
+            if device == "cpu" and "cpp.vec_isa_ok" not in patches:
                 patches.update(vec_isa_patch())
-            batch = batched_kernels() if _device_type(example_inputs) == "cpu" else _nothing()
+            batch = batched_kernels() if device == "cpu" else contextlib.nullcontext()
             with batch:  # a graph's CPU kernels built as a few libraries (kernels.py)
                 if getattr(gm, SPLIT_MARK, False):
                     compiled = compile_parts(gm, example_inputs, patches)

@@ -136,7 +136,7 @@ class _Batch:
 
     def _submit(self, chunk: list[int]) -> Callable[[], str]:
         code = _combined([(i, *self.kernels[i]) for i in chunk])
-        get = _KernelLibrary.load_async(code, "cpu", submit_fn=self.compiler.submit)
+        get = _kernel_library().load_async(code, "cpu", submit_fn=self.compiler.submit)
         return lambda: get().path
 
 
@@ -188,12 +188,12 @@ def _combined(kernels: list[tuple[int, list[str], str]]) -> str:
     return "".join(parts)
 
 
-def _library_class() -> type:
+@functools.cache
+def _kernel_library() -> type:
+    """Inductor's kernel builder (same flags, precompiled header), loading nothing itself."""
     from torch._inductor.codecache import CppPythonBindingsCodeCache
 
     class KernelLibrary(CppPythonBindingsCodeCache):
-        """Inductor's kernel builder (same flags, precompiled header), loading nothing itself."""
-
         cache: ClassVar[dict[str, Callable[[], Any]]] = {}
 
         @classmethod
@@ -201,19 +201,6 @@ def _library_class() -> type:
             return types.SimpleNamespace(path=path)
 
     return KernelLibrary
-
-
-class _LazyLibrary:
-    def __getattr__(self, name: str) -> Any:
-        return getattr(_library_class_cached(), name)
-
-
-@functools.cache
-def _library_class_cached() -> type:
-    return _library_class()
-
-
-_KernelLibrary: Any = _LazyLibrary()
 
 
 def _import_kernel(path: str, i: int) -> Callable[..., Any]:

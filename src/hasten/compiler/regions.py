@@ -62,8 +62,9 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
         if regions == [(module, "call")]:
             return
         module._compiled_call_impl = None  # its own call runs eagerly, unless it is a region
-        loss_fn = None if fsdp else swappable_loss_function(module)
-        if loss_fn is not None and LOSS == "compiled":
+        # read model.loss_function only when it is used: Transformers' property logs a warning
+        loss_fn = swappable_loss_function(module) if LOSS == "compiled" and not fsdp else None
+        if loss_fn is not None:
             loss_code = CompiledCode("loss_function", "call", config, record, device, torch.float32)
             module._compiled_call_impl = EagerGlue(module, loss_code, loss_fn)
         codes: dict[tuple[object, ...], CompiledCode] = {}

@@ -109,9 +109,10 @@ def _future(directory: str, *, background: bool) -> Future[tuple[tuple[str, Any]
 
 def _resolve(future: Future[tuple[tuple[str, Any], ...]], directory: str, background: bool) -> None:
     try:
-        patch, probed = _stored_or_probed(directory)
+        claimed = _claimed()
+        patch, probed = _stored_or_probed(directory, claimed)
         if patch and background:
-            bool(_claimed()[0])  # its flags (bf16, AMX fp16) are settled before Inductor reads
+            bool(claimed[0])  # its flags (bf16, AMX fp16) are settled before Inductor reads
     except Exception:  # any surprise: no shortcut, Inductor probes as it always does
         future.set_result(())
         return
@@ -120,8 +121,8 @@ def _resolve(future: Future[tuple[tuple[str, Any], ...]], directory: str, backgr
         return
     with contextlib.suppress(Exception):  # Inductor builds whatever is missing itself
         if probed:  # a cold cache: the small checks are still to build
-            _build_small_checks(_claimed()[1:])
-        _build_kernel_header(_claimed()[0])
+            _build_small_checks(claimed[1:])
+        _build_kernel_header(claimed[0])
 
 
 def _build_small_checks(isas: list[Any]) -> None:
@@ -204,13 +205,15 @@ def _probe(isa: Any) -> bool:
     return bool(isa.check_build(VecISA._avx_code)) and bool(isa)
 
 
-def _stored_or_probed(directory: str) -> tuple[tuple[tuple[str, Any], ...], bool]:
-    """The patch for ``directory``, and whether this call probed (no stored outcome fitted)."""
+def _stored_or_probed(
+    directory: str, claimed: list[Any]
+) -> tuple[tuple[tuple[str, Any], ...], bool]:
+    """The patch for ``directory`` given the ``claimed`` ISAs (:func:`_claimed`), and whether
+    this call probed (no stored outcome fitted)."""
     from torch._inductor.cpp_builder import get_cpp_compiler
 
     if platform.machine() not in ("x86_64", "AMD64") or not sys.platform.startswith("linux"):
         return (), False
-    claimed = _claimed()
     if not claimed:
         return (), False
     try:
