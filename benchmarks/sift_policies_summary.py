@@ -155,19 +155,20 @@ def targets_block(result: dict[str, Any]) -> str:
     return format_table(headers, rows, markdown=True) + "\n"
 
 
+def _tuning_row(name: str, s: dict[str, Any]) -> list[Any]:
+    """One tuning candidate's row: seeds, compute, validation accuracy and its two deltas."""
+    return [
+        name,
+        s["seeds"],
+        f"{100 * s['compute_share']:.1f}%",
+        f"{100 * s['acc']:.2f}",
+        f"{100 * s['acc_minus_full']:+.2f} ± {100 * (s['acc_minus_full_sem'] or 0):.2f}",
+        f"{100 * s['acc_minus_curve']:+.2f} ± {100 * (s['acc_minus_curve_sem'] or 0):.2f}",
+    ]
+
+
 def tuning_block(tuning: dict[str, Any]) -> str:
-    rows = []
-    for name, s in tuning["mnist1d_round2"]["summary"].items():
-        rows.append(
-            [
-                name,
-                s["seeds"],
-                f"{100 * s['compute_share']:.1f}%",
-                f"{100 * s['acc']:.2f}",
-                f"{100 * s['acc_minus_full']:+.2f} ± {100 * (s['acc_minus_full_sem'] or 0):.2f}",
-                f"{100 * s['acc_minus_curve']:+.2f} ± {100 * (s['acc_minus_curve_sem'] or 0):.2f}",
-            ]
-        )
+    rows = [_tuning_row(name, s) for name, s in tuning["mnist1d_round2"]["summary"].items()]
     headers = ["run", "seeds", "compute", "val acc %", "Δ vs full40", "Δ vs full-data curve"]
     return format_table(headers, rows, markdown=True) + "\n"
 
@@ -176,17 +177,7 @@ def tuning11_block(tuning: dict[str, Any]) -> str:
     """Issue 11's tuning rounds: per task, each candidate on the validation split."""
     parts = []
     for task, t in tuning["issue11"]["tasks"].items():
-        rows = [
-            [
-                name,
-                s["seeds"],
-                f"{100 * s['compute_share']:.1f}%",
-                f"{100 * s['acc']:.2f}",
-                f"{100 * s['acc_minus_full']:+.2f} ± {100 * (s['acc_minus_full_sem'] or 0):.2f}",
-                f"{100 * s['acc_minus_curve']:+.2f} ± {100 * (s['acc_minus_curve_sem'] or 0):.2f}",
-            ]
-            for name, s in t["summary"].items()
-        ]
+        rows = [_tuning_row(name, s) for name, s in t["summary"].items()]
         headers = [
             "run",
             "seeds",

@@ -359,14 +359,25 @@ def _unbiased_keep_probability(cfg: UnbiasedPruningConfig, losses: Tensor, histo
     return torch.where(low, 1.0 - cfg.prune_ratio, 1.0)
 
 
+def _relative_select(cfg: RelativeProbabilisticSiftConfig | StaleRelativePruningConfig):
+    """SageMaker's relative rule at the config's beta (both front-ends run it)."""
+    return functools.partial(relative_probabilistic_select, beta_value=cfg.beta_value)
+
+
+def _relative_keep(
+    cfg: RelativeProbabilisticSiftConfig | StaleRelativePruningConfig,
+    losses: Tensor,
+    history: Tensor,
+) -> Tensor:
+    return _relative_keep_probability(cfg.beta_value, losses, history)
+
+
 register_rule(
     "relative_probabilistic",
     RelativeProbabilisticSiftConfig,
-    lambda cfg: functools.partial(relative_probabilistic_select, beta_value=cfg.beta_value),
+    _relative_select,
     frontends={LOADER},
-    keep_probability=lambda cfg, losses, history: _relative_keep_probability(
-        cfg.beta_value, losses, history
-    ),
+    keep_probability=_relative_keep,
     nominal_keep_rate=lambda cfg: cfg.expected_keep_rate,
     elsewhere="For PruningSampler, use StaleRelativePruningConfig(beta_value=...): the same rule "
     "on the losses the training step fed back.",
@@ -379,11 +390,9 @@ register_rule(
 register_rule(
     "stale_relative",
     StaleRelativePruningConfig,
-    lambda cfg: functools.partial(relative_probabilistic_select, beta_value=cfg.beta_value),
+    _relative_select,
     frontends={SAMPLER},
-    keep_probability=lambda cfg, losses, history: _relative_keep_probability(
-        cfg.beta_value, losses, history
-    ),
+    keep_probability=_relative_keep,
     elsewhere="For SiftingDataloader, use RelativeProbabilisticSiftConfig(beta_value=..., "
     "loss_history_length=...): the same rule on freshly scored batches.",
     example={"beta_value": 1.0, "max_loss_age": 1},
