@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -566,19 +567,41 @@ def _cmd_bench_sift(args: argparse.Namespace) -> int:
     return 0
 
 
+_DOCTOR_HEADINGS = {
+    "required": "required: what hasten.compile and sifting need, and the machine they run on",
+    "optional": "optional: the extras' packages (a missing one turns off only what it is for)",
+}
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from hasten.bench.doctor import run_checks
+    from hasten.bench.doctor import GROUPS, run_checks
 
     checks = run_checks()
     marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
     width = max(len(c.name) for c in checks)
-    for c in checks:
-        print(f"[{marks.get(c.status, c.status)}] {c.name:<{width}}  {c.detail}")
-        if c.fix:
-            print(f"       {'':<{width}}  fix: {c.fix}")
-    failed = [c for c in checks if c.status == "fail"]
-    warned = [c for c in checks if c.status == "warn"]
-    print(f"\n{len(checks)} checks: {len(failed)} failed, {len(warned)} warnings")
+    for group in GROUPS:
+        members = [c for c in checks if c.group == group]
+        if not members:
+            continue
+        print(f"{_DOCTOR_HEADINGS.get(group, group)}\n")
+        for c in members:
+            print(f"[{marks.get(c.status, c.status)}] {c.name:<{width}}  {c.detail}")
+            if c.fix:
+                print(f"       {'':<{width}}  fix: {c.fix}")
+        print()
+    required = [c for c in checks if c.group != "optional"]
+    failed = [c for c in required if c.status == "fail"]
+    warned = [c for c in required if c.status == "warn"]
+    optional = [c for c in checks if c.group == "optional"]
+    missing = [c for c in optional if c.status != "ok"]
+    print(
+        f"required: {len(required)} checks, {len(failed)} failed, "
+        f"{len(warned)} warning{'' if len(warned) == 1 else 's'}; "
+        f"optional: {len(optional) - len(missing)} of {len(optional)} packages installed"
+    )
+    extras = sorted({m for c in missing for m in re.findall(r"hasten\[([\w-]+)\]", c.fix)})
+    if extras:
+        print(f"to add them (only what you need): pip install 'hasten[{','.join(extras)}]'")
     _write_json(args.json, {"kind": "hasten.doctor", "checks": [c.to_dict() for c in checks]})
     return 1 if failed else 0
 

@@ -62,12 +62,31 @@ def test_runtime_errors_are_one_line_not_a_traceback(capsys):
     assert err.startswith("hasten: error: unknown policy family 'magic'")
 
 
-def test_doctor_prints_checks_and_writes_json(tmp_path, capsys):
+def test_doctor_prints_checks_and_writes_json(tmp_path, capsys, monkeypatch):
+    """Required checks first, then the optional packages; with no extra installed (as after a
+    plain ``pip install hasten``) those are information with the install line, not warnings."""
+    from hasten.bench import doctor
+
+    monkeypatch.setattr(doctor, "_installed_version", lambda dist, module: None)
     path = tmp_path / "doctor.json"
     code = main(["doctor", "--json", str(path)])
     out = capsys.readouterr().out
-    assert "C++ compiler" in out and "checks:" in out
+    assert "C++ compiler" in out
+    required, optional = out.index("required:"), out.index("optional:")
+    assert required < out.index("C++ compiler") < optional < out.index("matplotlib")
+    assert "[info] matplotlib" in out and "[WARN] matplotlib" not in out
     checks = json.loads(path.read_text())["checks"]
+    required_warnings = sum(c["status"] == "warn" and c["group"] == "required" for c in checks)
+    lines = out.splitlines()
+    summary = next(line for line in lines if line.startswith("required: ") and "failed" in line)
+    assert summary.startswith(f"required: {sum(c['group'] == 'required' for c in checks)} checks")
+    assert f"{required_warnings} warning" in summary
+    n_optional = sum(c["group"] == "optional" for c in checks)
+    assert summary.endswith(f"optional: 0 of {n_optional} packages installed")
+    assert lines[lines.index(summary) + 1] == (
+        "to add them (only what you need): "
+        "pip install 'hasten[bench,hf,keras,lightning,tensorflow]'"
+    )
     assert code == (1 if any(c["status"] == "fail" for c in checks) else 0)
 
 

