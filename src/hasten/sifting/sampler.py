@@ -22,7 +22,11 @@ holds when every batch's losses are fed back, once, in order; pass ``indices=`` 
 indices of the batch's samples) when the loop cannot promise that. Each call is checked against
 the batch it belongs to before anything is stored (see :meth:`PruningSampler.update`), so a
 wrong-length or repeated feedback raises at that call instead of writing losses onto the wrong
-samples; give the sampler the DataLoader's ``batch_size`` so the first batch is checked too.
+samples. The batches are the DataLoader's: the sampler reads their size and ``drop_last`` from
+the ``BatchSampler`` that draws its indices (the DataLoader's own, or one passed as its
+``batch_sampler``), so the k-th ``update`` must bring exactly the k-th batch's losses, from the
+first batch of the epoch on. When something else groups the indices, pass ``batch_size=``
+(otherwise the first update's length is taken as the batch size).
 
 Never-seen samples are always kept, so the first epoch trains on all data and fills the table.
 """
@@ -31,18 +35,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import Sampler
+from torch.utils.data import BatchSampler, Sampler
+from torch.utils.data import dataloader as _dataloader
 
-from hasten.sifting.core.dist import all_gather_objects, world_size
+from hasten.sifting.core.dist import all_gather_objects, is_distributed, world_size
 from hasten.sifting.core.dist import rank as this_rank
 from hasten.sifting.core.state import TRANSIENT, from_state, to_state
 from hasten.sifting.feedback import SampleLosses
@@ -113,7 +120,11 @@ class _Plan:
     )  # the DataLoader drew every index of the epoch
     batch: int | None = field(
         default=None, metadata=TRANSIENT
-    )  # samples per batch, from the first update
+    )  # samples per batch: batch_size=, the DataLoader's, or the first update's
+    batch_from: str = field(default="", metadata=TRANSIENT)  # where `batch` came from, for errors
+    drop_last: bool = field(default=False, metadata=TRANSIENT)  # the DataLoader's, when known
+    in_order: bool = field(default=True, metadata=TRANSIENT)  # batches come back in draw order
+    start: int = field(default=0, metadata=TRANSIENT)  # where this iteration of the epoch began
     _on: dict[str, Tensor] = field(default_factory=dict, repr=False, metadata=TRANSIENT)
 
     def on(self, name: str, device: torch.device) -> Tensor:
@@ -151,9 +162,12 @@ class PruningSampler(Sampler[int]):
             size, else 1). Every rank gets the same number of indices per epoch.
         rank: This rank (default: the ``torch.distributed`` rank, else 0).
         device: Where the loss table lives (default: the device of the first losses fed back).
-        batch_size: The DataLoader's ``batch_size``: every :meth:`update` without ``indices``
-            must then bring exactly one batch of losses (the last of an epoch may be short).
-            Default: learned from each epoch's first update.
+        batch_size: Samples per batch: every :meth:`update` without ``indices`` must bring
+            exactly one batch of losses (the last of an epoch may be short). Default: the
+            ``batch_size`` of the DataLoader that iterates the sampler (read from its
+            ``BatchSampler``, with its ``drop_last``); pass it when something else groups the
+            indices into batches, else it is taken from each epoch's first update. A value
+            that differs from the DataLoader's raises when the DataLoader starts the epoch.
 
     Attributes:
         stats: A :class:`PruningStats`; ``stats.kept_fraction`` is the share of data used.
@@ -235,19 +249,38 @@ class PruningSampler(Sampler[int]):
         self._plan = self._make_plan(epoch)
 
     def __len__(self) -> int:
-        """Indices this rank gets in the current epoch (planning it if none is planned yet).
+        """Indices this rank gets in the epoch being iterated, or else in the next iteration's.
 
-        Exact for the epoch in progress, or for the next one once :meth:`set_epoch` planned it.
-        Epochs differ in length: for learning-rate schedules see ``docs/sifting.md``.
+        Exact before the first epoch (planning epoch 0), during an epoch, after
+        :meth:`set_epoch`, and after an epoch whose every batch was fed back: then the next
+        epoch is planned here, as the next iteration (or ``set_epoch(epoch + 1)``) would plan
+        it, so ``len(loader)`` read between epochs is the next epoch's even without
+        ``set_epoch``. Under ``torch.distributed`` planning is a collective, which ``len()``
+        never runs: call :meth:`set_epoch` before each epoch there (a warning says so once
+        when a stale length was read). Epochs differ in length: for learning-rate schedules
+        see ``docs/sifting.md``.
         """
         if self._plan is None:
             self._plan = self._make_plan(0)
         plan = self._plan
-        if plan.exhausted:  # read after the epoch was drawn: stale if an iteration follows
-            plan.len_read_after = True
+        if plan.exhausted:  # every index of the epoch was drawn
+            if _fed_back_all(plan) and not is_distributed():
+                plan = self._plan = self._make_plan(plan.epoch + 1)  # the next iteration's epoch
+            else:  # stale if an iteration follows
+                plan.len_read_after = True
         return len(plan.order)
 
     def __iter__(self) -> Iterator[int]:
+        # how the DataLoader batches the indices, read off its BatchSampler (the caller of iter)
+        batching = _batching_of(self, sys._getframe(1))
+        told = self.batch_size
+        if batching is not None and told is not None and batching.size != told:
+            raise ValueError(
+                f"PruningSampler(batch_size={told}), but the DataLoader that iterates it makes "
+                f"batches of {batching.size}: update() checks each batch's losses against the "
+                f"batch size, so pass the DataLoader's (batch_size={batching.size}) or leave "
+                "batch_size=None (the sampler reads it from the DataLoader)"
+            )
         plan = self._plan
         if self._resume and plan is not None and plan.started and plan.cursor < len(plan.order):
             start = plan.cursor  # restored mid-epoch: the samples whose loss never came back
@@ -263,6 +296,14 @@ class PruningSampler(Sampler[int]):
         self._resume = False
         plan.started = True
         plan.exhausted = False
+        plan.start = start
+        if batching is not None:
+            plan.batch, plan.drop_last = batching.size, batching.drop_last
+            plan.in_order = batching.in_order
+            plan.batch_from = f"the DataLoader's batch_size={batching.size}"
+        else:
+            plan.batch, plan.drop_last, plan.in_order = told, False, True
+            plan.batch_from = "" if told is None else f"PruningSampler(batch_size={told})"
         return _draw(plan, start)
 
     def _warn_stale_len(self, old: _Plan, new: _Plan) -> None:
@@ -296,9 +337,13 @@ class PruningSampler(Sampler[int]):
             low-loss ones; all 1 for other policies and in full-data epochs).
 
         Raises:
-            ValueError: ``losses`` is not 1-D, or ``indices`` does not match it.
+            ValueError: ``losses`` is not 1-D, or ``indices`` does not match it; without
+                ``indices``: ``losses`` is not the length of the next batch the DataLoader
+                yielded (the message says which batch and its length), or the DataLoader has
+                ``in_order=False`` (its batches come back in no fixed order).
             RuntimeError: no epoch is being iterated, or more losses came back than the
-                sampler yielded this epoch.
+                sampler yielded this epoch (or than the batches a ``drop_last`` DataLoader
+                yields).
         """
         plan = self._check_update(losses, indices)  # raises before anything is stored
         n = losses.shape[0]
@@ -309,8 +354,9 @@ class PruningSampler(Sampler[int]):
             idx = plan.on("order", device)[c : c + n]
             if plan.weights is not None:
                 weights = plan.on("weights", device)[c : c + n]
-            if plan.batch is None:
+            if plan.batch is None:  # nothing says how the indices are batched: the first update
                 plan.batch = n
+                plan.batch_from = f"the epoch's first update, of {n} losses"
         else:
             idx = torch.as_tensor(indices).reshape(-1).to(device, torch.int64, non_blocking=True)
             if plan.weights is not None:
@@ -363,6 +409,13 @@ class PruningSampler(Sampler[int]):
                     "index of every sample of the batch"
                 )
             return plan
+        if not plan.in_order:
+            raise ValueError(
+                "update() without indices= matches losses to samples by position, but the "
+                "DataLoader has in_order=False: its workers hand batches back in the order they "
+                "finish, not the order they were drawn. Pass update(losses, indices=<the batch's "
+                "dataset indices>), or build the DataLoader with in_order=True"
+            )
         c = plan.cursor
         left = len(plan.order) - c
         if n > left:
@@ -371,15 +424,23 @@ class PruningSampler(Sampler[int]):
                 f"{len(plan.order)} indices to this rank: feed back each batch's losses "
                 "once, or pass indices=<the batch's dataset indices>"
             )
-        batch = self.batch_size or plan.batch
+        batch = plan.batch
+        if batch is not None and plan.drop_last and left < batch:
+            raise RuntimeError(
+                f"update() received {n} losses, but every batch of epoch {plan.epoch} was fed "
+                f"back already: the DataLoader drops the epoch's last {left} samples "
+                "(drop_last=True) and yields no batch for them. Feed back each batch's losses "
+                "once, or pass indices=<the batch's dataset indices>"
+            )
         number = c // batch + 1 if batch else 1
         where = f"batch {number} of epoch {plan.epoch} (from sample {c} of the epoch)"
         if batch is not None and n != min(batch, left):
             raise ValueError(
-                f"update() received {n} losses, but {where} has {min(batch, left)} samples: feed "
-                "back exactly one loss per sample of each batch, once (token-level losses: "
+                f"update() received {n} losses, but {where} has {min(batch, left)} samples "
+                f"(batch size from {plan.batch_from}): feed back exactly one loss per sample of "
+                "each batch, once, in the order the DataLoader yields them (token-level losses: "
                 "reduce them per sample first, e.g. .view(batch_size, -1).mean(1)); or pass "
-                "indices=<the batch's dataset indices>"
+                "indices=<the batch's dataset indices> (e.g. to feed back part of a batch)"
             )
         if n > plan.drawn - c:
             raise ValueError(
@@ -609,6 +670,59 @@ def select_epoch(
     if shuffle:
         kept = kept[torch.randperm(len(kept), generator=generator)]
     return kept, weights
+
+
+@dataclass(frozen=True)
+class _Batching:
+    """How a DataLoader groups a sampler's indices into the batches it yields."""
+
+    size: int
+    drop_last: bool
+    in_order: bool  # False: workers may hand batches back out of draw order
+
+
+_BATCH_ITER = BatchSampler.__iter__
+_LOADER_ITER = getattr(_dataloader, "_BaseDataLoaderIter", ())
+_LOADER_DEPTH = 8  # frames between the BatchSampler and the DataLoader's iterator (Accelerate's)
+
+
+def _batching_of(sampler: Sampler[int], caller: FrameType | None) -> _Batching | None:
+    """How ``sampler``'s indices are batched, read off ``caller`` (the frame that called
+    ``iter(sampler)``): when it is ``torch.utils.data.BatchSampler.__iter__`` over ``sampler``
+    (the DataLoader's own batch sampler, or one passed as ``batch_sampler=``), its
+    ``batch_size`` and ``drop_last``, and whether the DataLoader above it keeps batches in draw
+    order. ``None`` for any other consumer (a custom batch sampler, a loop over the sampler):
+    their batches cannot be seen. Runs once per epoch."""
+    if caller is None or caller.f_code is not _BATCH_ITER.__code__:
+        return None
+    owner = caller.f_locals.get("self")
+    if (
+        not isinstance(owner, BatchSampler)
+        or owner.sampler is not sampler
+        or type(owner).__iter__ is not _BATCH_ITER
+    ):
+        return None
+    in_order = True
+    frame = caller.f_back
+    for _ in range(_LOADER_DEPTH):
+        if frame is None:
+            break
+        it = frame.f_locals.get("self")
+        if isinstance(it, _LOADER_ITER):
+            in_order = bool(getattr(it, "_in_order", True)) or not getattr(it, "_num_workers", 0)
+            break
+        frame = frame.f_back
+    return _Batching(int(owner.batch_size), bool(owner.drop_last), in_order)
+
+
+def _fed_back_all(plan: _Plan) -> bool:
+    """Whether every batch of ``plan`` that the DataLoader yields came back (its epoch is over)."""
+    left = len(plan.order) - plan.cursor
+    if left <= 0:
+        return True
+    batch = plan.batch
+    # under drop_last the short tail after the last full batch never comes back
+    return batch is not None and plan.drop_last and (len(plan.order) - plan.start) % batch == left
 
 
 def _draw(plan: _Plan, start: int) -> Iterator[int]:
