@@ -46,8 +46,15 @@ the sifting scorer all run the compiled module) and makes the Trainer's AdamW th
 (``optim="adamw_torch_fused"``: the same update in one kernel, instead of a for-loop of small
 ones that the compiled model would then wait on), saying so in one log line. ``hasten.compile(model)``
 before building the Trainer compiles the same way but leaves ``TrainingArguments.optim`` alone.
-``TrainingArguments(torch_compile_backend="hasten")`` is refused by Accelerate (it accepts only
-its own list of backend names); see ``docs/integrations.md``.
+With ``TrainingArguments(torch_compile=True)`` the Trainer would ``torch.compile`` the model
+again when it prepares it: :func:`compile_trainer` turns that off for its trainer (one log line
+says so), so the model is compiled once, by hasten.
+
+``TrainingArguments(torch_compile=True, torch_compile_backend="hasten")``, Transformers' route for
+a TorchDynamo backend, fails while the ``Trainer`` is built (Accelerate <= 1.15 turns the name
+into its closed ``DynamoBackend`` enum: ``ValueError: 'HASTEN' is not a valid DynamoBackend``),
+before any hasten code runs; hasten does not patch Accelerate or Transformers to change that.
+Leave the backend unset and call ``compile_trainer(trainer)``; see ``docs/integrations.md``.
 """
 
 from __future__ import annotations
@@ -587,6 +594,10 @@ def compile_trainer(
 
     Returns:
         ``trainer``, changed in place. A model already compiled by hasten is not recompiled.
+        When the Trainer would ``torch.compile`` the model itself (``TrainingArguments(
+        torch_compile=True)``, any ``torch_compile_backend``), that is turned off for this
+        trainer (``torch_compile=False`` on its arguments, Accelerate's TorchDynamo plugin set
+        to ``"no"``) and a log line says so: the model is compiled once, by hasten.
 
     Example::
 
@@ -605,9 +616,49 @@ def compile_trainer(
         hasten.compiler.compile_report(trainer.model)
     except ValueError:  # not compiled by hasten yet
         hasten.compile(trainer.model, config, **settings)
+    _turn_off_trainer_compile(trainer)
     if fused_optimizer:
         _prefer_fused_optimizer(trainer)
     return trainer
+
+
+def _turn_off_trainer_compile(trainer: Any) -> str | None:
+    """Keep the Trainer from ``torch.compile``-ing the hasten-compiled model; the line logged.
+
+    The Trainer hands ``TrainingArguments.torch_compile_backend`` to Accelerate's
+    ``TorchDynamoPlugin`` when it is built, and Accelerate compiles the model in ``prepare``
+    (training and evaluation) unless the plugin's backend is ``"no"``. Both are set off here, on
+    this trainer's arguments and accelerator (and only when they were on): a later
+    ``create_accelerator_and_postprocess`` (hyperparameter search) builds its plugin from the
+    arguments, so it stays off too.
+    """
+    args = trainer.args
+    accelerator = getattr(trainer, "accelerator", None)
+    plugin = getattr(getattr(accelerator, "state", None), "dynamo_plugin", None)
+    planned = getattr(plugin, "backend", None)
+    planned = str(getattr(planned, "value", planned) or "no").lower()
+    if not args.torch_compile and planned == "no":
+        return None
+    if args.torch_compile:
+        source = f"TrainingArguments.torch_compile=True, backend {args.torch_compile_backend!r}"
+    else:  # Accelerate's own setting (ACCELERATE_DYNAMO_BACKEND, `accelerate config`)
+        source = f"Accelerate's dynamo backend {planned!r}"
+    args.torch_compile = False
+    args.torch_compile_backend = None
+    args.torch_compile_mode = None
+    if planned != "no":
+        from accelerate.utils import DynamoBackend
+
+        plugin.backend = DynamoBackend.NO
+    line = (
+        f"hasten: the Trainer's own torch.compile ({source}) is turned off for this trainer: "
+        "compile_trainer compiled the model with hasten.compile, and torch.compile would "
+        "compile it a second time"
+    )
+    from hasten.compiler.report import log_line
+
+    log_line(line)
+    return line
 
 
 def _prefer_fused_optimizer(trainer: Any) -> str | None:
