@@ -309,7 +309,8 @@ def _enable_pruning(trainer: Any, config: Any, loss: Any, **kwargs: Any) -> None
         scorer=kwargs.get("scorer"),
         num_replicas=args.world_size,
         rank=args.process_index,
-        batch_size=args.train_batch_size,
+        # no batch_size=: the sampler reads it from the Trainer's DataLoader each epoch (the
+        # one auto_find_batch_size rebuilds smaller is checked against its own batches too)
     )
     holder: dict[str, _PrunedPasses] = {}
 
