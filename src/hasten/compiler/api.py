@@ -64,6 +64,7 @@ def compile(
     dynamic: bool | _Unset | None = UNSET,
     fullgraph: bool | _Unset = UNSET,
     fallback: Fallback | _Unset = UNSET,
+    verify_first_call: bool | _Unset = UNSET,
     cache_dir: str | os.PathLike[str] | _Unset | None = UNSET,
     fix_known_traps: bool | _Unset = UNSET,
     warn_recompiles: int | _Unset = UNSET,
@@ -83,7 +84,8 @@ def compile(
         model: The module to compile. A ``DistributedDataParallel`` wrapper is kept and the module
             it wraps is compiled (see :mod:`hasten.compiler.traps`).
         config: A :class:`CompileConfig`; ``None`` for the defaults.
-        mode, precision, passes, dynamic, fullgraph, fallback, cache_dir, fix_known_traps,
+        mode, precision, passes, dynamic, fullgraph, fallback, verify_first_call, cache_dir,
+        fix_known_traps,
         warn_recompiles, regions, start, rank_wait_s, inductor_options: The
             :class:`CompileConfig` fields of the same name
             (documented there; validated there, when the config is built). Each one given
@@ -113,6 +115,7 @@ def compile(
         "dynamic": dynamic,
         "fullgraph": fullgraph,
         "fallback": fallback,
+        "verify_first_call": verify_first_call,
         "cache_dir": cache_dir,
         "fix_known_traps": fix_known_traps,
         "warn_recompiles": warn_recompiles,

@@ -50,6 +50,8 @@ class HastenBackend:
         record: Where to log graphs, pass statistics and compile time (a fresh one by default).
         variant: A label the record keeps with every graph this backend compiles (e.g.
             ``"eval_no_grad"``, see :class:`~hasten.compiler.runtime.CompiledForward`).
+        keep_sources: Keep each captured graph as standalone code (``sources``), for the
+            reproducer a failed first-call check writes (:mod:`hasten.compiler.check`).
     """
 
     def __init__(
@@ -58,8 +60,13 @@ class HastenBackend:
         record: CompileRecord | None = None,
         *,
         variant: str = "",
+        keep_sources: bool = False,
     ):
-        self.__name__ = "hasten"  # how TorchDynamo names the backend in errors and logs
+        self.__name__ = "hasten"
+        self.keep_sources = keep_sources
+        self.sources: list[
+            Any
+        ] = []  # graphs as standalone code, for a reproducer (check.py)  # how TorchDynamo names the backend in errors and logs
         self.variant = variant
         self.config = config or CompileConfig()
         self.record = record if record is not None else CompileRecord()
@@ -74,6 +81,10 @@ class HastenBackend:
 
         t0 = time.perf_counter()
         shape = graph_shape(gm)  # before the passes rewrite gm in place
+        if self.keep_sources and len(self.sources) < 8:
+            from hasten.compiler.check import graph_source
+
+            self.sources.append(graph_source(gm, example_inputs))
         device = _device_type(example_inputs)
         gm, stats = run_passes(gm, example_inputs, self.pre_grad, graph="pre_grad")
         with self.record.lock:

@@ -121,6 +121,15 @@ class CompileConfig:
     """What happens when compiling fails: ``"eager"`` warns, naming the cause, and runs the model
     eagerly from then on, so training never stops; ``"raise"`` raises the error."""
 
+    verify_first_call: bool = True
+    """Check each compiled variant (training, evaluation, ...) against eager on the first batch
+    it runs: outputs and gradients, from the same state (RNG, BatchNorm statistics), one extra
+    compiled and one eager forward and backward per variant. On a mismatch beyond the
+    precision's tolerance hasten does not train on the wrong result: it retries with safer
+    settings (its own passes off, then Inductor options off), runs the variant eagerly if none
+    agrees, and warns once, naming the worst tensor, what it tried and a reproducer it wrote
+    (see :mod:`hasten.compiler.check`). ``False`` skips the check."""
+
     cache_dir: str | None = None
     """Inductor's on-disk cache (compiled kernels and graphs), which makes the second process
     start warm. ``None`` keeps torch's default (``$TORCHINDUCTOR_CACHE_DIR`` or a temp dir)."""
@@ -172,7 +181,7 @@ class CompileConfig:
         _one_of("fallback", self.fallback, FALLBACKS)
         _one_of("regions", self.regions, REGIONS)
         _one_of("start", self.start, STARTS)
-        for name in ("fullgraph", "fix_known_traps"):
+        for name in ("fullgraph", "fix_known_traps", "verify_first_call"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"CompileConfig.{name} must be True or False")
         if self.dynamic is not None and not isinstance(self.dynamic, bool):

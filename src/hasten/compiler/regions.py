@@ -81,6 +81,9 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
                 shared = codes[key] = CompiledCode(
                     label, kind, config, record, device, _dtype_of(sub)
                 )
+                # FSDP2's parameters are sharded outside the unit's forward: its gradients
+                # cannot be taken by parameter there, so its regions are not checked
+                shared.verify = shared.verify and not fsdp
             sub._compiled_call_impl = CompiledForward(sub, shared)
         for key, shared in codes.items():
             shared.shared_by = served[key]  # for its compile log line

@@ -150,6 +150,8 @@ class CompileReport:
         pass_stats: What each hasten pass did to each graph.
         fixes: Known traps hasten found, and whether and how it fixed them.
         fallback: Why the model runs eagerly, when compiling failed (``None`` otherwise).
+        checks: The first-call check of each compiled variant against eager, one line each
+            (see :mod:`hasten.compiler.check`).
     """
 
     graphs: tuple[GraphInfo, ...]
@@ -160,6 +162,7 @@ class CompileReport:
     pass_stats: tuple[PassStats, ...]
     fixes: tuple[str, ...]
     fallback: str | None
+    checks: tuple[str, ...] = ()
 
     @property
     def graph_count(self) -> int:
@@ -175,6 +178,8 @@ class CompileReport:
             lines.append(f"  FALLBACK: running eagerly because compiling failed: {self.fallback}")
         for fix in self.fixes:
             lines.append(f"  trap: {fix}")
+        for check in self.checks:
+            lines.append(f"  first-call check: {check}")
         for i, gb in enumerate(self.graph_breaks, 1):
             lines.append(f"  graph break {i}: {gb.reason}")
             lines.append(f"    at {gb.location}" + (f":  {gb.source}" if gb.source else ""))
@@ -208,6 +213,7 @@ class CompileRecord:
     recompiles: list[Recompile] = field(default_factory=list)
     pass_stats: list[PassStats] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)
     compile_seconds: float = 0.0
     backend_seconds: float = 0.0
     backend_calls: int = 0
@@ -235,6 +241,7 @@ class CompileRecord:
                 pass_stats=tuple(self.pass_stats),
                 fixes=tuple(self.fixes),
                 fallback=self.fallback,
+                checks=tuple(self.checks),
             )
 
 

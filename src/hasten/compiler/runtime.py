@@ -50,6 +50,7 @@ __all__ = [
     "CompiledCode",
     "CompiledForward",
     "HastenCompileWarning",
+    "HastenMiscompileWarning",
     "RecompileWarning",
     "grad_variant",
     "is_compile_error",
@@ -62,6 +63,10 @@ _LABELS: dict[str, int] = {}  # regions created per label in this process (rank 
 
 class HastenCompileWarning(UserWarning):
     """Compiling failed, or compiled nothing, and the model runs eagerly."""
+
+
+class HastenMiscompileWarning(UserWarning):
+    """A compiled variant disagreed with eager on its first batch (see hasten.compiler.check)."""
 
 
 class RecompileWarning(UserWarning):
@@ -154,18 +159,36 @@ class CompiledCode:
         self._gate_key = f"{self.label}.{n}"
         self._helpers: dict[str, Any] = {}  # start="eager": variant -> its compiling helper
         self._odd: dict[str, OddBatches] = {}  # per variant: short last batches run eagerly
+        # the first-call check (hasten.compiler.check): variants checked so far, those that run
+        # eagerly because no setting agreed with eager, the backends (for a reproducer)
+        self.verify = config.verify_first_call and kind == "call"
+        self._checked: set[str] = set()
+        self._eager_only: set[str] = set()
+        self._backends: dict[str, list[HastenBackend]] = {}
+        self._check_note = ""
+
+    def _make(self, variant: str, config: CompileConfig, retry: str = "") -> Callable[..., Any]:
+        """A compiled function of ``variant`` with ``config`` and a code object of its own
+        (``retry``: the safer setting it is, for the report's graph list)."""
+        backend = HastenBackend(
+            config,
+            self.record,
+            variant=f"{variant}, retry: {retry}" if retry else variant,
+            keep_sources=self.verify and not retry,
+        )
+        self._backends.setdefault(variant, []).append(backend)
+        return torch._dynamo.optimize(
+            backend,
+            nopython=config.fullgraph,
+            dynamic=config.dynamic,
+            guard_fail_fn=self._on_guard_fail,
+        )(_own_code(self.eager, self.label + ("_safe" if retry else ""), variant))
 
     def compiled(self, variant: str) -> Callable[..., Any]:
         """The compiled function of ``variant`` (created on first use; Dynamo compiles lazily)."""
         fn = self._variants.get(variant)
         if fn is None:
-            fn = torch._dynamo.optimize(
-                HastenBackend(self.config, self.record, variant=variant),
-                nopython=self.config.fullgraph,
-                dynamic=self.config.dynamic,
-                guard_fail_fn=self._on_guard_fail,
-            )(_own_code(self.eager, self.label, variant))
-            self._variants[variant] = fn
+            fn = self._variants[variant] = self._make(variant, self.config)
         return fn
 
     def run(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -175,6 +198,8 @@ class CompiledCode:
             # the outer trace takes the plain forward in.
             return self.eager(module, *args, **kwargs)
         variant = grad_variant(module.training)
+        if variant in self._eager_only:  # compiled code disagreed with eager (check.py)
+            return self.eager(module, *args, **kwargs)
         if (
             self.config.start == "eager"
             and variant not in self._variants
@@ -194,16 +219,25 @@ class CompiledCode:
         cache_before = _cache_counts()
         t0 = time.perf_counter()
         recompiled: str | None = None
+        check = self.verify and variant not in self._checked
+        self._check_note = ""
         try:
             with turn:
-                out = compiled(module, *args, **kwargs)
+                if check:
+                    out = self._checked_call(compiled, module, args, kwargs, variant)
+                else:
+                    out = compiled(module, *args, **kwargs)
         except Exception as err:
             if self.config.fallback == "raise" or not is_compile_error(err):
-                if variant not in self._ran and self.record.backend_calls == calls:
-                    # The model's own error, before any graph of this variant was compiled:
-                    # TorchDynamo has marked the frame "skip" (an exception escaped its trace),
-                    # so it would run eagerly for good. A fresh code object retraces next call.
+                if variant not in self._ran:
+                    # The model's own error at the first call of this variant: TorchDynamo may
+                    # have marked the frame "skip" (an exception escaped its trace), so it would
+                    # run eagerly for good, or kept a graph specialized on the failed call's
+                    # shapes. The next call starts afresh: a new code object, and the batch
+                    # size is learned from a call that worked.
                     self._variants.pop(variant, None)
+                    self._odd.pop(variant, None)
+                    self._checked.discard(variant)
                 raise
             return self._fall_back(err, module, args, kwargs)
         finally:
@@ -229,11 +263,165 @@ class CompiledCode:
                     details=(
                         *((f"1 block shared by {self.shared_by}",) if self.shared_by > 1 else ()),
                         *warm,
+                        *((self._check_note,) if self._check_note else ()),
                     ),
                     recompile=recompiled,
                 )
             )
         return out
+
+    def _checked_call(
+        self,
+        compiled: Callable[..., Any],
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        variant: str,
+    ) -> Any:
+        """The first call of ``variant``, checked against eager first (see check.py)."""
+        from hasten.compiler.check import check_call, has_active_dropout, stateful_input
+
+        state = stateful_input(args, kwargs)
+        if state is not None:
+            self._checked.add(variant)
+            self._note_check(
+                variant,
+                f"not checked: the call passes a {state}, which the forward may change in "
+                "place, so it cannot be run twice more (hasten.verify checks the whole model)",
+            )
+            return compiled(module, *args, **kwargs)
+        if (
+            module.training
+            and has_active_dropout(module)
+            and not _dropout_matches_eager(self.config, self.device_type)
+        ):
+            self._checked.add(variant)
+            self._note_check(
+                variant,
+                "not checked: dropout is active and Inductor's RNG on "
+                f"{self.device_type} draws other masks than eager (hasten.verify "
+                "compares with dropout off)",
+            )
+            return compiled(module, *args, **kwargs)
+        result = check_call(
+            compiled,
+            self.eager,
+            module,
+            args,
+            kwargs,
+            precision=self.config.precision,
+            cheap_dropout=_cheap_dropout(self.config, self.device_type),
+        )
+        self._checked.add(variant)
+        if result.passed:
+            t0 = time.perf_counter()
+            out = compiled(module, *args, **kwargs)
+            cost = result.seconds + time.perf_counter() - t0  # the eager run and one more step
+            self._note_check(variant, f"{result.describe()}; the check took {cost:.2f} s")
+            self._check_note = f"checked against eager in {cost:.1f} s"
+            return out
+        fn = self._retry(module, args, kwargs, variant, result)
+        return (fn or self.eager)(module, *args, **kwargs)
+
+    def _retry(
+        self,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        variant: str,
+        first: Any,
+    ) -> Callable[..., Any] | None:
+        """After a failed check: the first safer setting that agrees with eager, or ``None``."""
+        from hasten.compiler.check import check_call, known_cause, safer_settings
+
+        tried: list[str] = []
+        chosen: tuple[str, Any, Callable[..., Any]] | None = None
+        for desc, cfg in safer_settings(self.config):
+            fn = self._make(variant, cfg, desc)
+            try:
+                res = check_call(
+                    fn,
+                    self.eager,
+                    module,
+                    args,
+                    kwargs,
+                    precision=cfg.precision,
+                    cheap_dropout=_cheap_dropout(cfg, self.device_type),
+                )
+            except Exception as err:
+                if not is_compile_error(err):
+                    raise
+                tried.append(f"{desc}: did not compile ({_one_line(err)})")
+                continue
+            tried.append(f"{desc}: {res.describe()}")
+            if res.passed:
+                chosen = (desc, cfg, fn)
+                break
+        name, err = first.worst
+        what = f"{self.label} ({variant})"
+        if chosen is not None:
+            desc, cfg, fn = chosen
+            self._variants[variant] = fn
+            outcome = f"it trains with {desc}, which agrees with eager"
+            cause = known_cause(desc)
+        else:
+            fn = None
+            self._eager_only.add(variant)
+            outcome = "no setting agreed, so this variant runs eagerly (no speed-up)"
+            cause = None
+        repro = self._write_repro(
+            variant, chosen, {"module": module, "args": args, "kwargs": kwargs}
+        )
+        line = (
+            f"hasten: the compiled {what} computed wrong results on its first batch: worst "
+            f"{name}, relative error {err:.1e} against eager (tolerance {first.tolerance:.0e}, "
+            f"{self.config.precision}). Tried: "
+            + "; ".join(tried)
+            + f". {outcome[0].upper()}{outcome[1:]}."
+            + (f" Cause: {cause}." if cause else "")
+            + (f" Standalone reproducer: {repro}." if repro else "")
+            + " Pass verify_first_call=False to skip this check."
+        )
+        self._note_check(variant, line.removeprefix("hasten: "))
+        self._check_note = "checked against eager: differed, see the warning"
+        _warn(line, HastenMiscompileWarning)
+        return fn
+
+    def _write_repro(self, variant: str, chosen: Any, scope: dict[str, Any]) -> str | None:
+        import tempfile
+
+        from hasten.compiler.backend import inductor_patches
+        from hasten.compiler.check import TOLERANCES, write_reproducer
+
+        first = self._backends.get(variant, [None])[0]
+        if first is None:
+            return None
+        passes_at_fault = chosen is not None and "passes off" in chosen[0]
+        backend = "hasten" if passes_at_fault else "inductor"
+        options = {
+            k: v
+            for k, v in inductor_patches(self.config, self.device_type).items()
+            if isinstance(v, (bool, int, float, str))
+        }
+        folder = os.path.join(
+            tempfile.gettempdir(), "hasten-repro", f"{self.label}-{variant}-{os.getpid()}"
+        )
+        try:
+            return write_reproducer(
+                folder,
+                f"{self.label} ({variant}) compiled differs from eager",
+                first.sources,
+                backend=backend,
+                options=options,
+                tolerance=TOLERANCES[self.config.precision],
+                scope=scope,
+            )
+        except OSError:
+            return None
+
+    def _note_check(self, variant: str, text: str) -> None:
+        with self.record.lock:
+            self.record.checks.append(f"{self.label} ({variant}): {text}")
 
     def _helper_busy(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], variant: str
@@ -448,6 +636,18 @@ def nothing_compiled_reason(before: Counter[str]) -> str:
         "TorchDynamo found no tensor operation to capture in a frame it traces (the forward is in "
         "a file TorchDynamo skips, or runs under torch.compiler.disable)"
     )
+
+
+def _cheap_dropout(config: CompileConfig, device_type: str) -> bool:
+    """Whether code compiled with ``config`` draws dropout as the cheap_dropout_rng pass does."""
+    return device_type == "cpu" and "cheap_dropout_rng" in config.enabled_passes()
+
+
+def _dropout_matches_eager(config: CompileConfig, device_type: str) -> bool:
+    """Whether compiled dropout can draw eager's masks (ATen's RNG: Inductor fallback_random)."""
+    from hasten.compiler.backend import inductor_patches
+
+    return bool(inductor_patches(config, device_type).get("fallback_random", False))
 
 
 def _cache_counts() -> tuple[int, int]:

@@ -1,0 +1,208 @@
+"""The first-call check: a compiled variant that disagrees with eager is caught, retried with safer
+settings, run eagerly if none agrees, and reported; the check itself leaves no trace.
+
+The miscompile is planted as a hasten graph pass that detaches an activation: the outputs stay
+right, the gradients of every layer before it become zero (what the CNN case looks like).
+Tolerances: fp32, relative 1e-3 (``hasten.compiler.check.TOLERANCES``); gradients that must equal
+eager's are compared at torch's default fp32 tolerances.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hasten
+from hasten.compiler import check as check_mod
+from hasten.compiler.passes import registry
+from hasten.compiler.runtime import HastenCompileWarning, HastenMiscompileWarning
+
+pytestmark = pytest.mark.slow  # each test compiles a tiny model with Inductor (seconds)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def planted_miscompile(monkeypatch):
+    """A pre-grad pass that detaches the input of the graph's last ReLU (grads before it: 0)."""
+
+    def detach_before_relu(gm, example_inputs):
+        relus = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is F.relu]
+        if relus:
+            node = relus[-1]
+            with gm.graph.inserting_before(node):
+                cut = gm.graph.call_method("detach", (node.args[0],))
+            node.replace_input_with(node.args[0], cut)
+            gm.recompile()
+        return gm
+
+    entry = registry.GraphPass("planted", "pre_grad", detach_before_relu, True, "wrong grads")
+    monkeypatch.setitem(registry._REGISTRY, "planted", entry)
+    return "planted"
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def _grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    return {
+        n: torch.zeros_like(p) if p.grad is None else p.grad.clone()
+        for n, p in model.named_parameters()
+    }
+
+
+def test_planted_miscompile_is_caught_retried_without_the_passes_and_reported(planted_miscompile):
+    x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
+    expected = _grads(_mlp(), x, y)
+    model = hasten.compile(_mlp())
+    with pytest.warns(HastenMiscompileWarning) as caught:
+        got = _grads(model, x, y)
+    text = next(str(w.message) for w in caught if w.category is HastenMiscompileWarning)
+    assert "worst 0." in text  # the first Linear's gradient, zeroed by the planted pass
+    assert "hasten's graph passes off: matches eager" in text
+    assert "It trains with hasten's graph passes off" in text
+    for name, g in expected.items():
+        torch.testing.assert_close(got[name], g, msg=name)
+    # it stays fixed and quiet afterwards, and the report says what happened
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HastenMiscompileWarning)
+        got = _grads(model, x, y)
+    for name, g in expected.items():
+        torch.testing.assert_close(got[name], g, msg=name)
+    rep = hasten.compiler.compile_report(model)
+    assert any("computed wrong results" in c for c in rep.checks)
+    assert "first-call check" in str(rep)
+    repro = text.split("Standalone reproducer: ")[1].split(".py")[0] + ".py"
+    assert os.path.exists(repro)
+    source = Path(repro).read_text()
+    assert "BACKEND = 'hasten'" in source  # the passes were at fault
+    compile(source, repro, "exec")  # a valid script
+
+
+def test_when_no_setting_agrees_the_variant_runs_eagerly(planted_miscompile, monkeypatch):
+    # the only rung offered keeps the planted pass on, so nothing compiled can agree
+    monkeypatch.setattr(check_mod, "safer_settings", lambda cfg: [("the same settings", cfg)])
+    x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
+    expected = _grads(_mlp(), x, y)
+    model = hasten.compile(_mlp())
+    with pytest.warns(HastenMiscompileWarning, match="No setting agreed, so this variant runs eag"):
+        got = _grads(model, x, y)
+    for _ in range(2):
+        for name, g in expected.items():
+            torch.testing.assert_close(got[name], g, msg=name)
+        got = _grads(model, x, y)
+
+
+def test_the_check_can_be_switched_off(planted_miscompile):
+    x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
+    model = hasten.compile(_mlp(), verify_first_call=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HastenMiscompileWarning)
+        got = _grads(model, x, y)
+    assert float(got["0.weight"].abs().sum()) == 0.0  # the planted bug, unchecked
+    assert hasten.compiler.compile_report(model).checks == ()
+    with pytest.raises(TypeError, match="verify_first_call must be True or False"):
+        hasten.CompileConfig(verify_first_call="yes")
+
+
+class _BNDrop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 12)
+        self.bn = nn.BatchNorm1d(12)
+        self.drop = nn.Dropout(0.3)
+        self.head = nn.Linear(12, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.drop(F.relu(self.bn(self.lin(x)))))
+
+
+def test_a_checked_first_call_leaves_buffers_and_rng_as_one_eager_call_would():
+    torch.manual_seed(0)
+    eager = _BNDrop()
+    compiled = hasten.compile(_BNDrop())
+    compiled.load_state_dict(eager.state_dict())
+    x = torch.randn(16, 6)
+    torch.manual_seed(123)
+    # hasten's compiled dropout draws 31-bit integers (the cheap_dropout_rng pass): eager drawing
+    # the same way is the reference the check itself uses
+    with check_mod._eager_dropout_like_compiled(True):
+        out_e = eager(x)
+    after_e = torch.rand(3)  # where the RNG stands after one call
+    torch.manual_seed(123)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HastenMiscompileWarning)  # dropout masks matched
+        out_c = compiled(x)
+    after_c = torch.rand(3)
+    torch.testing.assert_close(out_c, out_e)  # same masks: one draw from the same seed
+    torch.testing.assert_close(after_c, after_e)
+    torch.testing.assert_close(compiled.bn.running_mean, eager.bn.running_mean)
+    torch.testing.assert_close(compiled.bn.running_var, eager.bn.running_var)
+    assert int(compiled.bn.num_batches_tracked) == 1
+    rep = hasten.compiler.compile_report(compiled)
+    assert any("matches eager" in c for c in rep.checks), rep.checks
+
+
+class _Cache:
+    def __init__(self) -> None:
+        self.items: list[torch.Tensor] = []
+
+
+class _AppendsToCache(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, cache: _Cache) -> torch.Tensor:
+        out = self.lin(x)
+        cache.items.append(out.detach())
+        return out
+
+
+def test_a_call_with_a_stateful_object_is_not_run_again():
+    model = hasten.compile(_AppendsToCache())
+    cache = _Cache()
+    model(torch.randn(2, 4), cache)
+    assert len(cache.items) == 1  # the forward ran once for the user, never for the check
+    rep = hasten.compiler.compile_report(model)
+    assert any("not checked: the call passes a _Cache" in c for c in rep.checks), rep.checks
+
+
+class _RefusesThree(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lin(x)
+        if x.shape[0] == 3:
+            raise ValueError("a batch of 3 is refused")
+        return out
+
+
+def test_a_first_call_that_raises_the_users_error_still_compiles_the_next_call():
+    model = hasten.compile(_RefusesThree())
+    with pytest.raises(ValueError, match="batch of 3"):
+        model(torch.randn(3, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HastenCompileWarning)  # no "captured no graph"
+        for _ in range(2):
+            model(torch.randn(5, 4)).sum().backward()
+    rep = hasten.compiler.compile_report(model)
+    assert rep.graph_count >= 1
+    assert not any("runs eagerly instead of recompiling" in f for f in rep.fixes), rep.fixes
