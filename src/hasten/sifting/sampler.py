@@ -255,7 +255,8 @@ class PruningSampler(Sampler[int]):
         :meth:`set_epoch`, and after an epoch whose every batch was fed back: then the next
         epoch is planned here, as the next iteration (or ``set_epoch(epoch + 1)``) would plan
         it, so ``len(loader)`` read between epochs is the next epoch's even without
-        ``set_epoch``. Under ``torch.distributed`` planning is a collective, which ``len()``
+        ``set_epoch`` (after the last of ``num_epochs``, nothing more is planned: it stays the
+        last epoch's). Under ``torch.distributed`` planning is a collective, which ``len()``
         never runs: call :meth:`set_epoch` before each epoch there (a warning says so once
         when a stale length was read). Epochs differ in length: for learning-rate schedules
         see ``docs/sifting.md``.
@@ -264,7 +265,8 @@ class PruningSampler(Sampler[int]):
             self._plan = self._make_plan(0)
         plan = self._plan
         if plan.exhausted:  # every index of the epoch was drawn
-            if _fed_back_all(plan) and not is_distributed():
+            within = self.num_epochs is None or plan.epoch + 1 < self.num_epochs
+            if within and _fed_back_all(plan) and not is_distributed():
                 plan = self._plan = self._make_plan(plan.epoch + 1)  # the next iteration's epoch
             else:  # stale if an iteration follows
                 plan.len_read_after = True

@@ -171,3 +171,16 @@ def test_len_after_set_epoch_is_the_planned_epoch_and_iteration_keeps_it():
     sampler.set_epoch(1)  # already planned, also when len() planned it
     assert len(sampler) == n
     assert sum(len(x) for x, _ in loader) == n
+
+
+def test_len_after_the_last_planned_epoch_plans_nothing_more():
+    ds = Planted(32)
+    cfg = UnbiasedPruningConfig(prune_ratio=0.5, anneal_fraction=0.0)
+    sampler = PruningSampler(ds, cfg, seed=0, num_epochs=2)
+    loader = DataLoader(ds, batch_size=8, sampler=sampler)
+    for _ in range(2):
+        for x, _ in loader:
+            sampler.update(x)
+        len(loader)  # between epochs 0 and 1: plans epoch 1; after epoch 1: the run is over
+    assert sampler.epoch == 1 and sampler.stats.epochs == 2  # no third epoch in the stats
+    assert len(sampler) == len(sampler._plan.order)
