@@ -594,7 +594,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         for c in members:
             print(f"[{marks.get(c.status, c.status)}] {c.name:<{width}}  {c.detail}")
             if c.fix:
-                print(f"       {'':<{width}}  fix: {c.fix}")
+                label = "to add" if c.group == "optional" else "fix"
+                print(f"       {'':<{width}}  {label}: {c.fix}")
         print()
     required = [c for c in checks if c.group != "optional"]
     failed = [c for c in required if c.status == "fail"]

@@ -222,7 +222,7 @@ def _hasten_parts() -> list[Check]:
 _OPTIONAL = (
     ("transformers", "transformers", "hf", "Hugging Face models and Trainer integration"),
     ("lightning", "lightning", "lightning", "Lightning integration"),
-    ("keras", "keras", "keras", "Keras 3 integration (hasten.keras)"),
+    ("keras", "keras", "keras", "Keras 3 integration: hasten.keras"),
     ("tensorflow", "tensorflow", "tensorflow", "Keras's TensorFlow backend, tf.data sources"),
     ("scikit-learn", "sklearn", "bench", "digits dataset"),
     ("mnist1d", "mnist1d", "bench", "MNIST-1D dataset"),
