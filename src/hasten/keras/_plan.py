@@ -18,6 +18,7 @@ import torch
 
 from hasten.sifting.core.rules import policy_for
 from hasten.sifting.feedback import SampleLosses
+from hasten.sifting.guard import Guard, guard_of, log_line, summary_line
 from hasten.sifting.pruning_config import coerce_pruning_config
 from hasten.sifting.sampler import PruningStats, prune_until, select_epoch
 
@@ -64,6 +65,9 @@ class EpochPlanner:
         self.table = SampleLosses(size, "cpu")
         self.stats = PruningStats()
         self._policy = policy_for(self.config)
+        settings = guard_of(self.config)
+        self.guard: Guard | None = None if settings is None else Guard(settings)
+        self._reported = False
         self._generator = torch.Generator().manual_seed(seed)
         self.epoch = -1
         self.order = np.zeros(0, "int64")
@@ -86,11 +90,15 @@ class EpochPlanner:
             self._generator,
             epoch < self._prune_until,
             self.shuffle,
+            guard=self.guard,
+            epoch=epoch,
+            epoch_seen=self.table.epoch_seen,
         )
         s = self.stats
         s.epochs += 1
         s.samples_total += self.size
         s.samples_kept += len(kept)
+        s.samples_audited += 0 if self.guard is None else self.guard.audited(epoch)
         s.epoch_kept_fractions.append(len(kept) / self.size)
         s.planning_seconds += time.perf_counter() - t0
         self.epoch = epoch
@@ -105,3 +113,16 @@ class EpochPlanner:
         self.table.record(idx, torch.from_numpy(np.asarray(losses, "float32")), self.epoch)
         self.stats.samples_fed_back += len(idx)
         self._fed_back += len(idx)
+
+    def summary(self) -> str:
+        """One line: what was pruned, what it saved, and the guard's verdict."""
+        return summary_line(self.stats, self.guard)
+
+    def report(self) -> str | None:
+        """Log :meth:`summary` once on the ``"hasten"`` logger; ``None`` when already done."""
+        if self._reported:
+            return None
+        self._reported = True
+        line = self.summary()
+        log_line(line)
+        return line

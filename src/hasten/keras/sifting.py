@@ -206,8 +206,10 @@ class SiftingCallback(keras.callbacks.Callback):
             s = self.dataset.stats
             logs["sift_keep_rate"] = s.epoch_kept_fractions[-1]
             logs["sift_kept_fraction"] = s.kept_fraction
+            logs["sift_audited"] = s.samples_audited
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self.dataset.planner.report()  # one line: what was pruned, saved, the guard's verdict
         if self._restore is not None and "compute_loss" in self.model.__dict__:
             object.__delattr__(self.model, "compute_loss")
             self.model.train_function = None

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from hasten.sifting.core.fields import beta_value, fraction, optional_integer, set_field
 from hasten.sifting.exceptions import SiftConfigValidationException
+from hasten.sifting.guard import DEFAULT_GUARD, PruningGuard, coerce_guard
 
 __all__ = [
     "StaleRelativePruningConfig",
@@ -61,6 +62,11 @@ class UnbiasedPruningConfig:
     anneal_fraction: float = 0.125
     """Fraction of the epochs, at the end, trained on all data (InfoBatch's ``1 - delta``)."""
 
+    guard: PruningGuard | None = DEFAULT_GUARD
+    """The pruning guard (:mod:`hasten.sifting.guard`): the rule proposes, the guard lets a
+    sample be skipped only once it is learned, within a loss budget, after the loss flattened,
+    and pauses pruning when an audit of the skipped samples fails. ``None``: the rule alone."""
+
     def __post_init__(self) -> None:
         set_field(self, "prune_ratio", fraction(self.prune_ratio, "prune_ratio", upper_open=True))
         t = self.threshold
@@ -71,6 +77,7 @@ class UnbiasedPruningConfig:
                 )
             set_field(self, "threshold", float(t))
         set_field(self, "anneal_fraction", fraction(self.anneal_fraction, "anneal_fraction"))
+        set_field(self, "guard", coerce_guard(self.guard))
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a plain dict, with its ``"policy"`` name."""
@@ -99,6 +106,11 @@ class StaleRelativePruningConfig:
     anneal_fraction: float = 0.0
     """Fraction of the epochs, at the end, trained on all data."""
 
+    guard: PruningGuard | None = DEFAULT_GUARD
+    """The pruning guard (:mod:`hasten.sifting.guard`): the rule proposes, the guard lets a
+    sample be skipped only once it is learned, within a loss budget, after the loss flattened,
+    and pauses pruning when an audit of the skipped samples fails. ``None``: the rule alone."""
+
     def __post_init__(self) -> None:
         set_field(self, "beta_value", beta_value(self.beta_value))
         set_field(
@@ -109,6 +121,7 @@ class StaleRelativePruningConfig:
             ),
         )
         set_field(self, "anneal_fraction", fraction(self.anneal_fraction, "anneal_fraction"))
+        set_field(self, "guard", coerce_guard(self.guard))
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a plain dict, with its ``"policy"`` name."""

@@ -53,6 +53,7 @@ from hasten.sifting.core.dist import all_gather_objects, is_distributed, world_s
 from hasten.sifting.core.dist import rank as this_rank
 from hasten.sifting.core.state import TRANSIENT, from_state, to_state
 from hasten.sifting.feedback import SampleLosses
+from hasten.sifting.guard import Guard, guard_of, log_line, summary_line
 from hasten.sifting.policy import SiftPolicy, policy_for
 from hasten.sifting.pruning_config import coerce_pruning_config
 
@@ -77,6 +78,9 @@ class PruningStats:
     """Samples kept over the epochs planned (all ranks, before padding for equal shards)."""
     samples_scored: int = 0
     """Samples given a scoring forward by the scorer (rescoring stale losses)."""
+    samples_audited: int = 0
+    """Skipped samples the guard's audit forwarded with loss weight 0 (part of
+    ``samples_kept``: they cost a forward and backward like the others)."""
     samples_fed_back: int = 0
     """Per-sample losses received through :meth:`PruningSampler.update` (this rank)."""
     samples_not_fed_back: int = 0
@@ -223,6 +227,9 @@ class PruningSampler(Sampler[int]):
         self.table = SampleLosses(size, device)
         self.stats = PruningStats()
         self._policy: SiftPolicy = policy_for(self.config)
+        settings = guard_of(self.config)
+        self.guard: Guard | None = None if settings is None else Guard(settings)
+        self._reported = False
         self._prune_until = prune_until(anneal, num_epochs)
         self._generator = torch.Generator().manual_seed(seed)
         self._plan: _Plan | None = None
@@ -367,6 +374,13 @@ class PruningSampler(Sampler[int]):
         self.table.record(idx, losses, plan.epoch)
         self.stats.samples_fed_back += n
         self._last_losses = weakref.ref(losses)
+        if (
+            not self._reported
+            and self.num_epochs is not None
+            and plan.epoch + 1 >= self.num_epochs
+            and _fed_back_all(plan)
+        ):
+            self.report()  # the run's last epoch is over: say what happened, once
         if weights is None:
             return losses.mean()
         return (losses * weights.to(losses.dtype)).mean()
@@ -479,6 +493,22 @@ class PruningSampler(Sampler[int]):
             done = plan.epoch + min(1.0, plan.cursor / max(1, len(plan.order)))
         return min(1.0, done / self.num_epochs)
 
+    def summary(self) -> str:
+        """One line: what was pruned, what it saved, and the guard's verdict."""
+        return summary_line(self.stats, self.guard, self.scorer is not None)
+
+    def report(self) -> str | None:
+        """Log :meth:`summary` once on the ``"hasten"`` logger (rank 0 only); returns the line,
+        or ``None`` when it was reported already. Called when the last of ``num_epochs`` is fed
+        back, and by the trainer integrations when training ends."""
+        if self._reported:
+            return None
+        self._reported = True
+        line = self.summary()
+        if self.rank == 0:
+            log_line(line)
+        return line
+
     @property
     def pruning(self) -> bool:
         """Whether the current epoch prunes (``False`` in the final full-data epochs)."""
@@ -505,6 +535,8 @@ class PruningSampler(Sampler[int]):
             "stats": dataclasses.asdict(self.stats),
             "seed_checked": self._seed_checked,
             "warned_no_feedback": self._warned_no_feedback,
+            "guard": None if self.guard is None else self.guard.state_dict(),
+            "reported": self._reported,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -547,6 +579,9 @@ class PruningSampler(Sampler[int]):
         self.stats = PruningStats(**stats)
         self._seed_checked = state["seed_checked"]
         self._warned_no_feedback = state["warned_no_feedback"]
+        if self.guard is not None and state.get("guard") is not None:
+            self.guard.load_state_dict(state["guard"])
+        self._reported = bool(state.get("reported", False))
         self._resume = True
 
     # ------------------------------------------------------------------ planning
@@ -563,7 +598,15 @@ class PruningSampler(Sampler[int]):
             self._rescore(epoch - max_age, epoch)
         seen = table.seen.cpu()  # HOST SYNC: once per epoch, to decide on the host
         kept, weights = select_epoch(
-            table.losses.cpu(), seen, self._policy, self._generator, pruning, self.shuffle
+            table.losses.cpu(),
+            seen,
+            self._policy,
+            self._generator,
+            pruning,
+            self.shuffle,
+            guard=self.guard,
+            epoch=epoch,
+            epoch_seen=table.epoch_seen.cpu(),
         )
         n_kept = len(kept)
         if self.num_replicas > 1 and n_kept:
@@ -576,6 +619,7 @@ class PruningSampler(Sampler[int]):
         s.epochs += 1
         s.samples_total += self.size
         s.samples_kept += n_kept
+        s.samples_audited += 0 if self.guard is None else self.guard.audited(epoch)
         s.epoch_kept_fractions.append(n_kept / self.size)
         s.planning_seconds += time.perf_counter() - t0
         return _Plan(epoch=epoch, pruning=pruning, order=kept, weights=order_weights)
@@ -651,6 +695,10 @@ def select_epoch(
     generator: torch.Generator,
     pruning: bool,
     shuffle: bool,
+    *,
+    guard: Guard | None = None,
+    epoch: int = 0,
+    epoch_seen: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """One epoch's kept dataset indices (shuffled if asked) and every sample's loss weight.
 
@@ -658,6 +706,8 @@ def select_epoch(
     Keras' ``EpochPlanner``): the stored ``losses`` of the ``seen`` samples go through the rule's
     ``policy``; never-seen samples are always kept; with ``pruning`` off, everything is. The
     draws come from ``generator`` in one order, so equal seeds and losses give equal plans.
+    With a ``guard`` (:mod:`hasten.sifting.guard`; needs ``epoch`` and the table's
+    ``epoch_seen``), the rule's selection goes through it and it remembers the epoch's order.
     Returns ``(kept, weights)``: int64 indices on the CPU, and float weights by dataset index
     (``None``: all ones).
     """
@@ -666,11 +716,17 @@ def select_epoch(
         sel = policy(losses, reference, generator)
         keep = sel.keep | ~seen  # never-seen samples are always kept
         weights = None if sel.weights is None else torch.where(seen, sel.weights.float(), 1.0)
+        if guard is not None:
+            if epoch_seen is None:
+                raise ValueError("select_epoch(guard=...) needs the table's epoch_seen")
+            keep, weights = guard.apply(epoch, losses, seen, epoch_seen, keep, weights, generator)
         kept = keep.nonzero().reshape(-1)
     else:
         kept, weights = torch.arange(len(seen)), None
     if shuffle:
         kept = kept[torch.randperm(len(kept), generator=generator)]
+    if guard is not None:
+        guard.remember(epoch, kept, pruning and bool(seen.any()))
     return kept, weights
 
 

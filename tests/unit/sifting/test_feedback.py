@@ -16,7 +16,9 @@ from tests._helpers import Planted
 
 
 def _cfg(**kw):
-    return UnbiasedPruningConfig(**{"prune_ratio": 0.5, "anneal_fraction": 0.0, **kw})
+    return UnbiasedPruningConfig(
+        **{"prune_ratio": 0.5, "anneal_fraction": 0.0, "guard": None, **kw}
+    )
 
 
 @pytest.mark.parametrize(
@@ -115,7 +117,7 @@ def test_table_records_nonfinite_as_inf_and_round_trips():
 
 def test_feedback_keeps_the_bf16_loss_graph():
     ds = Planted(8)
-    sampler = PruningSampler(ds, StaleRelativePruningConfig(), seed=0)
+    sampler = PruningSampler(ds, StaleRelativePruningConfig(guard=None), seed=0)
     (batch,) = list(DataLoader(ds, batch_size=8, sampler=sampler))
     w = torch.ones(8, requires_grad=True)
     loss = sampler.update((batch[0] * w).bfloat16())

@@ -75,7 +75,9 @@ def test_full_phase_weights_are_one():
 
 def test_never_seen_samples_are_always_kept():
     ds = Planted(200)
-    sampler = PruningSampler(ds, UnbiasedPruningConfig(prune_ratio=0.99, anneal_fraction=0.0))
+    sampler = PruningSampler(
+        ds, UnbiasedPruningConfig(prune_ratio=0.99, anneal_fraction=0.0, guard=None)
+    )
     loader = DataLoader(ds, batch_size=20, sampler=sampler)
     # epoch 0: feed back only the first half of the batches; the rest stays unseen
     ids, _ = _train_epoch(sampler, loader, ds, 0, steps=5)
@@ -256,7 +258,9 @@ def test_stale_relative_age_zero_rescores_all_and_none_never(age, expect_all):
 
 def test_len_is_the_planned_epoch_and_set_epoch_is_idempotent():
     ds = Planted(100)
-    sampler = PruningSampler(ds, UnbiasedPruningConfig(prune_ratio=0.8, anneal_fraction=0.0))
+    sampler = PruningSampler(
+        ds, UnbiasedPruningConfig(prune_ratio=0.8, anneal_fraction=0.0, guard=None)
+    )
     loader = DataLoader(ds, batch_size=10, sampler=sampler)
     assert len(sampler) == 100 and len(loader) == 10
     _train_epoch(sampler, loader, ds, 0)

@@ -14,7 +14,7 @@ from tests._helpers import Planted
 
 def _sampler(n: int, **kw) -> tuple[Planted, PruningSampler]:
     ds = Planted(n)
-    cfg = UnbiasedPruningConfig(prune_ratio=0.5, anneal_fraction=0.0)
+    cfg = UnbiasedPruningConfig(prune_ratio=0.5, anneal_fraction=0.0, guard=None)
     return ds, PruningSampler(ds, cfg, seed=0, **kw)
 
 
@@ -175,7 +175,7 @@ def test_len_after_set_epoch_is_the_planned_epoch_and_iteration_keeps_it():
 
 def test_len_after_the_last_planned_epoch_plans_nothing_more():
     ds = Planted(32)
-    cfg = UnbiasedPruningConfig(prune_ratio=0.5, anneal_fraction=0.0)
+    cfg = UnbiasedPruningConfig(prune_ratio=0.5, anneal_fraction=0.0, guard=None)
     sampler = PruningSampler(ds, cfg, seed=0, num_epochs=2)
     loader = DataLoader(ds, batch_size=8, sampler=sampler)
     for _ in range(2):

@@ -31,7 +31,9 @@ def _draw_gradients(draws: int, prune_ratio: float, threshold="mean"):
     ds = TensorDataset(torch.arange(n))
     sampler = PruningSampler(
         ds,
-        UnbiasedPruningConfig(prune_ratio=prune_ratio, threshold=threshold, anneal_fraction=0.0),
+        UnbiasedPruningConfig(
+            prune_ratio=prune_ratio, threshold=threshold, anneal_fraction=0.0, guard=None
+        ),
         seed=1,
     )
     loader = DataLoader(ds, batch_size=128, sampler=sampler)

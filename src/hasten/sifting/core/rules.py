@@ -116,7 +116,8 @@ class Rule:
     """What to use instead, for the front-ends that do not run it (part of the error)."""
     example: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Constructor keywords of a typical config that sifts from the first batch: the contract
-    test runs the rule with it (``config(**example)``)."""
+    test runs the rule with it (``config(**example)``; the built-in sampler rules' examples set
+    ``guard=None``, since the test checks the rule's own keep-rate law)."""
 
     def make_example(self) -> Any:
         """A config built from :attr:`example`."""
@@ -395,7 +396,7 @@ register_rule(
     keep_probability=_relative_keep,
     elsewhere="For SiftingDataloader, use RelativeProbabilisticSiftConfig(beta_value=..., "
     "loss_history_length=...): the same rule on freshly scored batches.",
-    example={"beta_value": 1.0, "max_loss_age": 1},
+    example={"beta_value": 1.0, "max_loss_age": 1, "guard": None},
 )
 register_rule(
     "unbiased",
@@ -407,5 +408,5 @@ register_rule(
     keep_probability=_unbiased_keep_probability,
     elsewhere="Use it through PruningSampler(dataset, UnbiasedPruningConfig(...)): it needs no "
     "extra forward, and sampler.update(losses) applies its weights to the training loss.",
-    example={"prune_ratio": 0.5, "threshold": "mean", "anneal_fraction": 0.0},
+    example={"prune_ratio": 0.5, "threshold": "mean", "anneal_fraction": 0.0, "guard": None},
 )
