@@ -97,7 +97,8 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
 
 
 def _stale() -> hasten.StaleRelativePruningConfig:
-    return hasten.StaleRelativePruningConfig(beta_value=1.0, max_loss_age=None)
+    # the rule alone: these tests pin the pruned epochs' mechanics (the guard: test_guard_*)
+    return hasten.StaleRelativePruningConfig(beta_value=1.0, max_loss_age=None, guard=None)
 
 
 @pytest.mark.slow
@@ -185,7 +186,9 @@ def test_pruning_by_steps_takes_exactly_max_steps(tmp_path):
         args=_args(tmp_path, max_steps=steps, gradient_accumulation_steps=ga),
         train_dataset=Tokens(),
     )
-    enable_sifting(trainer, hasten.UnbiasedPruningConfig(prune_ratio=0.7, anneal_fraction=0.0))
+    enable_sifting(
+        trainer, hasten.UnbiasedPruningConfig(prune_ratio=0.7, anneal_fraction=0.0, guard=None)
+    )
     out = trainer.train()
     assert out.global_step == steps
     assert len(trainer.rows) == steps * ga  # every step has its ga micro-batches
@@ -269,7 +272,9 @@ def test_the_unbiased_rules_reweighted_loss_is_what_the_trainer_backpropagates(t
         args=_args(tmp_path, num_train_epochs=3, gradient_accumulation_steps=ga),
         train_dataset=Tokens(),
     )
-    enable_sifting(trainer, hasten.UnbiasedPruningConfig(prune_ratio=0.5, anneal_fraction=0.0))
+    enable_sifting(
+        trainer, hasten.UnbiasedPruningConfig(prune_ratio=0.5, anneal_fraction=0.0, guard=None)
+    )
     sampler = trainer.hasten_pruning_sampler
     returned = []  # (plain mean, what update returned) per micro-batch
     update = sampler.update

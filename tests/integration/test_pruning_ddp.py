@@ -24,7 +24,9 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     try:
         ds = Planted(203)
         sampler = PruningSampler(
-            ds, UnbiasedPruningConfig(prune_ratio=0.7, anneal_fraction=0.25), num_epochs=EPOCHS
+            ds,
+            UnbiasedPruningConfig(prune_ratio=0.7, anneal_fraction=0.25, guard=None),
+            num_epochs=EPOCHS,
         )
         loader = DataLoader(ds, batch_size=16, sampler=sampler)
         epochs = []

@@ -78,7 +78,7 @@ def test_hf_trainer_switch_attributes_every_loss(tmp_path, by):
         **length,
     )
     trainer = transformers.Trainer(model=Net(2, 2), args=args, train_dataset=ds)
-    config = hasten.UnbiasedPruningConfig(prune_ratio=0.8, anneal_fraction=0.0)
+    config = hasten.UnbiasedPruningConfig(prune_ratio=0.8, anneal_fraction=0.0, guard=None)
     enable_sifting(trainer, config, loss=lambda model, b: _planted_losses(model, b["x"]))
     trainer.train()
     _check(trainer.hasten_pruning_sampler, ds, 4)
@@ -106,7 +106,9 @@ def test_lightning_switch_attributes_every_loss():
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    sifting = Sifting(hasten.UnbiasedPruningConfig(prune_ratio=0.8, anneal_fraction=0.25))
+    sifting = Sifting(
+        hasten.UnbiasedPruningConfig(prune_ratio=0.8, anneal_fraction=0.25, guard=None)
+    )
     trainer = L.Trainer(
         max_epochs=4,
         accelerator="cpu",

@@ -11,7 +11,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hasten.integrations.metrics import find_sifting_loader, front_end_metrics
+from hasten.integrations.metrics import (
+    find_pruning_sampler,
+    find_sifting_loader,
+    front_end_metrics,
+)
 
 __all__ = ["TrainingMetricsRecorder"]
 
@@ -86,6 +90,9 @@ class TrainingMetricsRecorder(*_callback_bases()):  # type: ignore[misc]
         loader = find_sifting_loader(trainer.train_dataloader)
         if loader is not None:
             loader._check_delay_reached()
+        sampler = find_pruning_sampler(trainer.train_dataloader)
+        if sampler is not None:  # one line: what was pruned, what it saved, the guard's verdict
+            sampler.report()
 
     def _log(self, trainer: Any, pl_module: Any) -> None:
         metrics = front_end_metrics(trainer.train_dataloader, self.prefix)

@@ -113,7 +113,8 @@ def pruning_metrics(
     Names: ``keep_rate`` (samples kept / samples a full-data run of the epochs planned so far
     would have used: the share of data trained on; absent before the first epoch),
     ``epoch_keep_rate`` (the same for the current epoch), ``samples_seen`` (dataset size times
-    epochs planned), ``samples_kept`` (both counted over all ranks by the sampler itself),
+    epochs planned), ``samples_kept``, ``samples_audited`` (skipped samples the guard forwarded
+    with weight 0; all three counted over all ranks by the sampler itself),
     ``samples_fed_back``, ``samples_not_fed_back``, ``samples_scored`` (summed over ranks when
     ``all_ranks``), ``data_epoch`` (the epoch planned or in progress) and ``planning_seconds``
     (this rank's time planning epochs, scoring included).
@@ -132,6 +133,7 @@ def pruning_metrics(
     out = {
         "samples_seen": float(s.samples_total),
         "samples_kept": float(s.samples_kept),
+        "samples_audited": float(s.samples_audited),
         "samples_fed_back": fed_back,
         "samples_not_fed_back": not_fed_back,
         "samples_scored": scored,

@@ -790,6 +790,9 @@ class SiftingCallback(transformers.TrainerCallback):
         loader = find_sifting_loader(kwargs.get("train_dataloader"))
         if loader is not None:  # warns once when training ended with nothing sifted
             loader._check_delay_reached()
+        sampler = find_pruning_sampler(kwargs.get("train_dataloader"))
+        if sampler is not None:  # one line: what was pruned, what it saved, the guard's verdict
+            sampler.report()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         stream = kwargs.get("train_dataloader")

@@ -71,7 +71,7 @@ def main() -> None:
     )
     ds = Planted()
     trainer = Recording(model=Net(2, 2), args=args, train_dataset=ds)
-    config = UnbiasedPruningConfig(prune_ratio=0.8, anneal_fraction=0.25)
+    config = UnbiasedPruningConfig(prune_ratio=0.8, anneal_fraction=0.25, guard=None)
     enable_sifting(trainer, config, loss=lambda m, b: b["x"][:, 0] + 0.0 * m(b["x"]).sum(1))
     result = trainer.train()
     sampler = trainer.hasten_pruning_sampler

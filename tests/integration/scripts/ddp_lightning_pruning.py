@@ -53,7 +53,7 @@ class Module(L.LightningModule):
 def main() -> None:
     out = Path(sys.argv[1])
     ds = Planted()
-    sifting = Sifting(UnbiasedPruningConfig(prune_ratio=0.8, anneal_fraction=0.25))
+    sifting = Sifting(UnbiasedPruningConfig(prune_ratio=0.8, anneal_fraction=0.25, guard=None))
     module = Module()
     trainer = L.Trainer(
         accelerator="cpu",

@@ -13,7 +13,8 @@ from tests._helpers import Planted
 
 def test_pruning_metrics_report_the_share_of_data_trained_on():
     ds = Planted(40)
-    sampler = PruningSampler(ds, UnbiasedPruningConfig(prune_ratio=0.9, anneal_fraction=0.0))
+    config = UnbiasedPruningConfig(prune_ratio=0.9, anneal_fraction=0.0, guard=None)
+    sampler = PruningSampler(ds, config)
     loader = DataLoader(ds, batch_size=8, sampler=sampler)
     assert "sift/keep_rate" not in pruning_metrics(sampler)  # nothing planned yet
     for epoch in range(2):
