@@ -855,10 +855,13 @@ class SiftingDataloader:
             return
         values = losses.detach().float().cpu()  # host copy: log_batch_data is for pilot runs
         mask = keep.cpu()
+        # SageMaker's metric definitions scrape relevance_values and relevance_values_kept (the
+        # kept samples' values); kept is hasten's 0/1 mask, one entry per sample
         log.info(
-            "sifting batch %d: relevance_values: %s kept: %s",
+            "sifting batch %d: relevance_values: %s relevance_values_kept: %s kept: %s",
             self.stats.num_batches_in,
             [round(v, 4) for v in values.tolist()],
+            [round(v, 4) for v in values[mask].tolist()],
             [int(k) for k in mask.tolist()],
         )
 

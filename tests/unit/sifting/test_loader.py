@@ -212,6 +212,16 @@ def test_stats_and_logging(caplog):
     ]
     assert len(values) == 18  # log_batch_data: one line per scored batch
     assert all(len(v.split(",")) == 16 for v in values)
+    # SageMaker's metric regex for the kept samples' values, and hasten's 0/1 mask beside it
+    for line in (x for x in lines if x.startswith("sifting batch ")):
+        every = [
+            float(v) for v in re.search(r"relevance_values: \[(.*?)\]", line).group(1).split(",")
+        ]
+        got = re.search(r"relevance_values_kept: \[(.*?)\]", line).group(1)
+        mask = [int(v) for v in re.search(r" kept: \[(.*?)\]", line).group(1).split(",")]
+        assert [float(v) for v in got.split(",") if v] == [
+            v for v, k in zip(every, mask, strict=True) if k
+        ]
 
 
 def test_nonfinite_losses_kept_counted_warned_once():
