@@ -31,7 +31,7 @@ def compiled_mlp():
     torch._dynamo.reset()
     model = _mlp()
     keys = list(model.state_dict())
-    returned = hasten.compile(model)
+    returned = hasten.compile(model, regions="whole")
     x = torch.randn(5, 8)
     out = model(x)
     out.sum().backward()
@@ -129,7 +129,7 @@ class PythonCounter(nn.Module):
 
 def test_recompile_guard_warns_with_the_failing_guard():
     torch._dynamo.reset()
-    model = hasten.compile(PythonCounter(), dynamic=False, warn_recompiles=2)
+    model = hasten.compile(PythonCounter(), dynamic=False, warn_recompiles=2, regions="whole")
     x = torch.randn(2, 4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -146,7 +146,7 @@ def test_recompile_guard_warns_with_the_failing_guard():
 
 def test_recompile_limit_warns_that_torch_falls_back_to_eager():
     torch._dynamo.reset()
-    model = hasten.compile(PythonCounter(), dynamic=False, warn_recompiles=0)
+    model = hasten.compile(PythonCounter(), dynamic=False, warn_recompiles=0, regions="whole")
     x = torch.randn(2, 4)
     with (
         torch._dynamo.config.patch(recompile_limit=2),
@@ -178,7 +178,9 @@ def test_post_grad_passes_run_through_inductors_hook_and_keep_the_cache_warm(mon
     def run() -> hasten.compiler.report.CompileReport:
         torch._dynamo.reset()
         # A cache of its own: a cache warmed by an earlier run would skip the pass the first time.
-        model = hasten.compile(nn.Sequential(nn.Linear(3, 5), nn.Tanh()), cache_dir=tmp_path)
+        model = hasten.compile(
+            nn.Sequential(nn.Linear(3, 5), nn.Tanh()), cache_dir=tmp_path, regions="whole"
+        )
         model(torch.randn(4, 3)).sum().backward()
         return hasten.compiler.compile_report(model)
 
@@ -204,7 +206,7 @@ def test_ddp_of_sequential_really_compiles(tmp_path):
     try:
         inner = _mlp()
         ddp = DDP(inner)
-        assert hasten.compile(ddp) is ddp
+        assert hasten.compile(ddp, regions="whole") is ddp
         x = torch.randn(5, 8)
         out = ddp(x)
         out.sum().backward()
@@ -222,7 +224,9 @@ def test_many_compiled_models_in_one_process_do_not_share_a_recompile_budget():
     x = torch.randn(3, 8)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        models = [hasten.compile(_mlp()) for _ in range(10)]  # more than the limit of 8
+        models = [
+            hasten.compile(_mlp(), regions="whole") for _ in range(10)
+        ]  # more than the limit of 8
         for m in models:
             m(x)
     assert not [w for w in caught if issubclass(w.category, RecompileWarning)]
@@ -239,7 +243,7 @@ def test_eval_under_no_grad_and_inference_mode_scoring_compile_their_own_graphs_
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Dropout(0.0), nn.Linear(16, 4))
     eager = copy.deepcopy(model)
-    hasten.compile(model, warn_recompiles=1)  # the most sensitive setting
+    hasten.compile(model, warn_recompiles=1, regions="whole")  # the most sensitive setting
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
     x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
 
@@ -300,8 +304,8 @@ def test_loss_computed_from_returned_logits_gets_no_zero_gradient_for_them():
     x, labels = torch.randn(256, 8, generator=g), torch.randint(0, 4096, (256,), generator=g)
     eager = TinyLM()
     split, whole = copy.deepcopy(eager), copy.deepcopy(eager)
-    hasten.compile(split)
-    hasten.compile(whole, passes={"split_at_returned_logits": False})
+    hasten.compile(split, regions="whole")
+    hasten.compile(whole, passes={"split_at_returned_logits": False}, regions="whole")
     assert _logits_zero_fills(whole, x, labels) >= 1  # the cost the split removes
     assert _logits_zero_fills(split, x, labels) == 0
     rep = hasten.compiler.compile_report(split)
@@ -344,7 +348,7 @@ def test_a_warm_start_of_a_split_graph_with_cheap_dropout_reuses_aotautograd_art
         torch._dynamo.reset()
         counters.clear()
         torch.manual_seed(0)
-        model = hasten.compile(_DropoutLM(), cache_dir=tmp_path)
+        model = hasten.compile(_DropoutLM(), cache_dir=tmp_path, regions="whole")
         torch.manual_seed(1)
         loss, _ = model(x, labels)
         loss.backward()

@@ -65,7 +65,7 @@ def test_digits_cnn_gets_eagers_gradients_and_a_warning_naming_the_cause(tmp_pat
     x, y = _digits()
     eager = _cnn()
     grads_e = _train(eager, x, y, 3)
-    model = hasten.compile(_cnn())
+    model = hasten.compile(_cnn(), regions="whole")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         grads_c = _train(model, x, y, 3)

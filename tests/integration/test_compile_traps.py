@@ -42,7 +42,7 @@ def _bert_classifier():
 def test_hf_classifier_compiles_once_through_problem_type_and_a_short_batch(caplog):
     model = _bert_classifier()
     reference = _bert_classifier()
-    hasten.compile(model, fallback="raise")
+    hasten.compile(model, fallback="raise", regions="whole")
     g = torch.Generator().manual_seed(0)
     with caplog.at_level(logging.INFO, logger="hasten"):
         for batch in [4] * 8 + [3, 4]:  # 3: the short last batch of an epoch
@@ -88,7 +88,7 @@ def test_trainer_with_a_short_last_batch_compiles_once(tmp_path):
             optim="adamw_torch",
         ),
     )
-    compile_trainer(trainer, fallback="raise")
+    compile_trainer(trainer, fallback="raise", regions="whole")
     trainer.train()
     report = hasten.compiler.compile_report(trainer.model)
     assert report.recompiles == () and report.graph_count == 1, str(report)
@@ -107,7 +107,7 @@ class Picky(nn.Module):
 
 
 def test_a_first_call_that_raised_still_compiles_on_the_next():
-    model = hasten.compile(Picky(), fallback="raise")
+    model = hasten.compile(Picky(), fallback="raise", regions="whole")
     with pytest.raises(ValueError, match="expected 4 features"):
         model(torch.randn(2, 5))
     x = torch.randn(2, 4)
@@ -122,7 +122,7 @@ _RUN = textwrap.dedent(
     from torch import nn
     warnings.simplefilter("always")
     torch.manual_seed(0)
-    m = hasten.compile(nn.Sequential(nn.Linear(4, 8), nn.ReLU()), cache_dir=sys.argv[1])
+    m = hasten.compile(nn.Sequential(nn.Linear(4, 8), nn.ReLU()), cache_dir=sys.argv[1], regions="whole")
     m(torch.randn(3, 4)).sum().backward()
     r = hasten.compiler.compile_report(m)
     print("RESULT", r.graph_count, r.fallback)

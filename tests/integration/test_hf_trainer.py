@@ -227,7 +227,7 @@ def test_trainer_with_sifting_and_a_compiled_model(tmp_path):
     def run(out, compiled):
         model = _model()
         if compiled:
-            model = hasten.compile(model)  # in place, before the Trainer wraps it
+            model = hasten.compile(model, regions="whole")  # in place, before the Trainer wraps it
         trainer = LossRecordingTrainer(
             model=model, args=_args(out, max_steps=4), train_dataset=TokenDataset(48)
         )

@@ -163,7 +163,9 @@ def _variant(name: str, config: DemoConfig, full_steps: int) -> tuple[Any, Polic
     if compiled:
 
         def prepare(m: Any) -> Any:
-            return _hasten_api.hasten_compile(m, precision=config.precision)
+            # the two lines as a trainer integration runs them: the plan knows the run's length
+            # and compiles only if the steps left pay back the compile (compiler/plan.py)
+            return _hasten_api.hasten_compile(m, precision=config.precision, steps=full_steps)
 
     return prepare, _sift_policy(config, full_steps) if sifted else FullData()
 

@@ -69,6 +69,7 @@ def compile(
     fix_known_traps: bool | _Unset = UNSET,
     warn_recompiles: int | _Unset = UNSET,
     regions: Regions | _Unset = UNSET,
+    steps: int | _Unset | None = UNSET,
     start: Start | _Unset = UNSET,
     rank_wait_s: float | _Unset = UNSET,
     inductor_options: Mapping[str, Any] | _Unset = UNSET,
@@ -86,7 +87,7 @@ def compile(
         config: A :class:`CompileConfig`; ``None`` for the defaults.
         mode, precision, passes, dynamic, fullgraph, fallback, verify_first_call, cache_dir,
         fix_known_traps,
-        warn_recompiles, regions, start, rank_wait_s, inductor_options: The
+        warn_recompiles, regions, steps, start, rank_wait_s, inductor_options: The
             :class:`CompileConfig` fields of the same name
             (documented there; validated there, when the config is built). Each one given
             overrides ``config``'s; one not given keeps it (``config``'s, or the default).
@@ -120,6 +121,7 @@ def compile(
         "fix_known_traps": fix_known_traps,
         "warn_recompiles": warn_recompiles,
         "regions": regions,
+        "steps": steps,
         "start": start,
         "rank_wait_s": rank_wait_s,
         "inductor_options": inductor_options,
@@ -170,6 +172,11 @@ def _config(config: CompileConfig | None, overrides: dict[str, Any]) -> CompileC
     return cfg.replace(**overrides) if overrides else cfg
 
 
+def _at_once(cfg: CompileConfig) -> CompileConfig:
+    """``cfg`` compiling at the first call: ``regions="auto"``'s plan would start eagerly."""
+    return cfg.replace(regions="whole") if cfg.regions == "auto" else cfg
+
+
 def _check_model(model: Any) -> nn.Module:
     if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
         raise TypeError(
@@ -212,7 +219,7 @@ def explain(
     import copy
     import warnings
 
-    cfg = _config(config, {}).replace(fallback="eager")
+    cfg = _at_once(_config(config, {}).replace(fallback="eager"))
     inner, note = unwrap_data_parallel(_check_model(model))  # a DDP wrapper does not deep-copy
     probe = copy.deepcopy(inner)
     compile(probe, cfg)

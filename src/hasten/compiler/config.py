@@ -146,15 +146,23 @@ class CompileConfig:
     once or twice in a normal loop, which is why the default is not lower.)"""
 
     regions: Regions = "auto"
-    """What one compiled graph covers. ``"whole"``: the model's whole call, one graph when
-    nothing breaks it. ``"blocks"``: each block that repeats (children of an ``nn.ModuleList`` or
-    ``nn.Sequential`` of one class and parameter shapes, e.g. a transformer's layers) is compiled
-    once and the compiled code shared by all of them; the code around the blocks (embeddings,
-    final norm, head, loss) runs eagerly. Cold compile time then stops growing with depth.
-    ``"auto"`` (default) is ``"whole"`` for every model not sharded with FSDP2: on GPT-2 4x256 and
-    12x768 block mode started 1.6-2x sooner but its steady step was 10-12 % slower, so it pays
-    only for runs shorter than about 100-450 steps (docs/compiler.md#regions). FSDP2 models
-    are always compiled by unit."""
+    """What one compiled graph covers, and when it is compiled. ``"whole"``: the model's whole
+    call, one graph when nothing breaks it, compiled at the first call. ``"blocks"``: each block
+    that repeats (children of an ``nn.ModuleList`` or ``nn.Sequential`` of one class and
+    parameter shapes, e.g. a transformer's layers) is compiled once and the compiled code shared
+    by all of them; the code around the blocks (embeddings, final norm, head, loss) runs
+    eagerly. Cold compile time then stops growing with depth. ``"auto"`` (default): the whole
+    model, compiled when the run pays for it (:mod:`hasten.compiler.plan`): with ``steps`` known,
+    only if the steps left save more than the compile costs; otherwise once the run has spent a
+    compile's worth of time eagerly; and back to eager if the compiled step measures slower.
+    Under ``torch.distributed`` "auto" compiles at the first call, as "whole". FSDP2 models are
+    always compiled by unit."""
+
+    steps: int | None = None
+    """How many training steps (training-mode calls) the run will make, when known: with
+    ``regions="auto"`` hasten then compiles only if the rest of the run pays back the compile
+    (see :mod:`hasten.compiler.plan`). The trainer integrations pass it themselves. ``None``: not
+    known; the plan compiles once the run has spent a compile's worth of time eagerly."""
 
     start: Start = "wait"
     """``"wait"``: the first call compiles, and training waits for it. ``"eager"`` (no-wait
@@ -190,6 +198,13 @@ class CompileConfig:
             raise TypeError("CompileConfig.warn_recompiles must be an int (0 disables the warning)")
         if self.warn_recompiles < 0:
             raise ValueError("CompileConfig.warn_recompiles must be >= 0 (0 disables the warning)")
+        if self.steps is not None and (
+            isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1
+        ):
+            raise ValueError(
+                f"CompileConfig.steps must be a positive int (the run's training steps) or None, "
+                f"not {self.steps!r}"
+            )
         if isinstance(self.rank_wait_s, bool) or not isinstance(self.rank_wait_s, (int, float)):
             raise TypeError("CompileConfig.rank_wait_s must be a number of seconds (0 disables)")
         if not self.rank_wait_s >= 0:

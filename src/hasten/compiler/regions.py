@@ -60,6 +60,8 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
         # (8): then each block gets code of its own, and Inductor's caches share the kernels.
         own = not fsdp and builds_kv_cache(module)
         if regions == [(module, "call")]:
+            if config.regions == "auto" and not fsdp:
+                _plan(code, module, config)
             return
         module._compiled_call_impl = None  # its own call runs eagerly, unless it is a region
         # read model.loss_function only when it is used: Transformers' property logs a warning
@@ -111,6 +113,22 @@ LOSS: str = "eager"
 compiled saves about 60 ms of a 2.1 s step (order-corrected, two 10-round in-process A/Bs) but
 adds 2.5-3.0 s to the cold first call (14.6 -> 17.0-17.6 s); block mode is the choice for a fast
 start, so it stays eager (docs/compiler.md#regions)."""
+
+
+def _plan(code: CompiledCode, module: nn.Module, config: CompileConfig) -> None:
+    """Give ``code`` the compile plan of ``regions="auto"`` (not under torch.distributed)."""
+    from hasten.compiler import cache
+    from hasten.compiler.plan import Plan, distributed_run, plan_key, prior_seconds
+
+    if distributed_run():
+        return
+    code.plan = Plan(
+        plan_key(module, config),
+        code.label,
+        prior_seconds(module),
+        config.steps,
+        cache.cache_dir(config.cache_dir),
+    )
 
 
 def swappable_loss_function(model: nn.Module) -> Callable[..., Any] | None:

@@ -166,6 +166,7 @@ class CompiledCode:
         self._eager_only: set[str] = set()
         self._backends: dict[str, list[HastenBackend]] = {}
         self._check_note = ""
+        self.plan: Any = None  # regions="auto": a hasten.compiler.plan.Plan, set at first call
 
     def _make(self, variant: str, config: CompileConfig, retry: str = "") -> Callable[..., Any]:
         """A compiled function of ``variant`` with ``config`` and a code object of its own
@@ -200,6 +201,42 @@ class CompiledCode:
         variant = grad_variant(module.training)
         if variant in self._eager_only:  # compiled code disagreed with eager (check.py)
             return self.eager(module, *args, **kwargs)
+        if self.plan is not None:
+            return self._planned(module, args, kwargs, variant)
+        return self._run_compiled(module, args, kwargs, variant)
+
+    def _planned(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], variant: str
+    ) -> Any:
+        """A call under the compile plan (plan.py): eager until compiling pays, then compiled."""
+        grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+        t0 = time.perf_counter()
+        if not self.plan.compile_now(variant, grad):
+            out = self.eager(module, *args, **kwargs)
+            self.plan.finished(variant, grad, t0, False)
+            return out
+        first = variant not in self._ran
+        calls, before = self.record.backend_calls, graph_break_reasons() if first else None
+        out = self._run_compiled(module, args, kwargs, variant)
+        compiled_now = self.record.backend_calls != calls
+        if compiled_now:
+            self.plan.compiled_seconds(time.perf_counter() - t0)
+        self.plan.finished(variant, grad, t0, compiled_now)
+        if first and before is not None and not self.record.graphs and not self.failed:
+            reason = nothing_compiled_reason(before)
+            with self.record.lock:
+                self.record.fixes.append(f"nothing was compiled: {reason}")
+            _warn(
+                f"hasten: compiling {self.label} captured no graph, so it runs eagerly "
+                f"(no speed-up). {reason}. hasten.explain(model, ...) shows more.",
+                HastenCompileWarning,
+            )
+        return out
+
+    def _run_compiled(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], variant: str
+    ) -> Any:
+        """A call through the compiled function of ``variant`` (compiling it when needed)."""
         if (
             self.config.start == "eager"
             and variant not in self._variants
@@ -595,8 +632,15 @@ class CompiledForward:
                 self._first_call = _nothing_to_plan
             raise
         record = self.code.record
-        # start="eager": the first call ran eagerly while a helper compiles, by design
-        if not record.graphs and record.fallback is None and self.code.config.start != "eager":
+        # start="eager": the first call ran eagerly while a helper compiles, by design; under a
+        # compile plan the first call may run eagerly too (the plan warns when it compiles)
+        planned = now is self and self.code.plan is not None
+        if (
+            not record.graphs
+            and record.fallback is None
+            and self.code.config.start != "eager"
+            and not planned
+        ):
             reason = nothing_compiled_reason(before)
             with record.lock:
                 record.fixes.append(f"nothing was compiled: {reason}")

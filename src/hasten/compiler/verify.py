@@ -113,7 +113,7 @@ def verify_training(
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if not callable(loss_fn) or not callable(optimizer_factory):
         raise TypeError("loss_fn and optimizer_factory must be callables (see hasten.verify)")
-    cfg = api._config(config, {}).replace(fallback="eager")
+    cfg = api._at_once(api._config(config, {}).replace(fallback="eager"))
     eager, compiled = copy.deepcopy(model), copy.deepcopy(model)
     notes: list[str] = []
     if disable_dropout:

@@ -616,6 +616,10 @@ def compile_trainer(
     try:
         hasten.compiler.compile_report(trainer.model)
     except ValueError:  # not compiled by hasten yet
+        if "steps" not in settings and (config is None or config.steps is None):
+            steps = _training_calls(trainer)
+            if steps is not None:
+                settings = {**settings, "steps": steps}  # regions="auto" plans for the run
         hasten.compile(trainer.model, config, **settings)
     _turn_off_trainer_compile(trainer)
     if fused_optimizer:
@@ -660,6 +664,25 @@ def _turn_off_trainer_compile(trainer: Any) -> str | None:
 
     log_line(line)
     return line
+
+
+def _training_calls(trainer: Any) -> int | None:
+    """How many training forward calls (micro-batches) the Trainer's run will make, if known."""
+    import math
+
+    args = trainer.args
+    accumulate = max(int(getattr(args, "gradient_accumulation_steps", 1) or 1), 1)
+    if getattr(args, "max_steps", -1) and args.max_steps > 0:
+        return int(args.max_steps) * accumulate
+    data = getattr(trainer, "train_dataset", None)
+    try:
+        rows = len(data)  # type: ignore[arg-type]
+    except TypeError:  # an iterable dataset: the plan learns the length as it goes
+        return None
+    batch = max(int(args.per_device_train_batch_size) * max(int(args.n_gpu), 1), 1)
+    batches = math.floor(rows / batch) if args.dataloader_drop_last else math.ceil(rows / batch)
+    calls = math.ceil(float(args.num_train_epochs) * batches)
+    return calls if calls > 0 else None
 
 
 def _prefer_fused_optimizer(trainer: Any) -> str | None:

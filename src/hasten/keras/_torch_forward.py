@@ -133,7 +133,10 @@ class KerasForward:
         except Exception as err:
             self._fail(f"torch.export could not capture the call: {type(err).__name__}: {err}")
             return None
-        return hasten_compile(graph, self.config)  # Keras's training flag is baked into it
+        # Keras's training flag is baked into it; hasten.keras.compile chooses by measuring
+        # the candidates, so the graph compiles at once (not under the run-length plan)
+        cfg = self.config.replace(regions="whole") if self.config.regions == "auto" else self.config
+        return hasten_compile(graph, cfg)
 
     def _fail(self, cause: str) -> None:
         cause = " ".join(cause.split())[:400]

@@ -78,7 +78,7 @@ def split_under_ddp_buckets(rank: int) -> dict:
     compiled_model = copy.deepcopy(eager_model)
     eager = train_lm(DDP(eager_model, bucket_cap_mb=1), rank)
     wrapper = DDP(compiled_model, bucket_cap_mb=1)
-    hasten.compile(wrapper)
+    hasten.compile(wrapper, regions="whole")
     compiled = train_lm(wrapper, rank)
     report = compile_report(wrapper)
     return {
@@ -111,7 +111,7 @@ def main() -> None:
 
         # compile inside the wrapper: hasten.compile(DDP(m)) compiles m in place, keeps the wrapper
         wrapper = DDP(compiled_model)
-        assert hasten.compile(wrapper) is wrapper
+        assert hasten.compile(wrapper, regions="whole") is wrapper
         compiled = train(wrapper, rank)
         report = compile_report(wrapper)
 

@@ -100,11 +100,11 @@ def case(
     shard(eager_model)
     eager = train(eager_model, rank)
     if compile_first:
-        hasten.compile(model)
+        hasten.compile(model, regions="whole")
         shard(model)
     else:
         shard(model)
-        hasten.compile(model)
+        hasten.compile(model, regions="whole")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled = train(model, rank)

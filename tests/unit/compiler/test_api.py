@@ -12,7 +12,7 @@ import hasten
 def test_compile_is_lazy_and_in_place():
     model = nn.Linear(2, 2)
     keys = list(model.state_dict())
-    assert hasten.compile(model) is model
+    assert hasten.compile(model, regions="whole") is model
     assert list(model.state_dict()) == keys
     rep = hasten.compiler.compile_report(model)
     assert rep.graph_count == 0 and rep.compile_seconds == 0
@@ -27,16 +27,16 @@ def test_compile_is_lazy_and_in_place():
 )
 def test_compile_rejects_non_modules_with_the_fix(model, match):
     with pytest.raises(TypeError, match=match):
-        hasten.compile(model)
+        hasten.compile(model, regions="whole")
 
 
 def test_compile_rejects_bad_config_arguments():
     with pytest.raises(TypeError, match=r"hasten\.CompileConfig"):
-        hasten.compile(nn.Linear(2, 2), config={"precision": "bf16"})  # type: ignore[arg-type]
+        hasten.compile(nn.Linear(2, 2), config={"precision": "bf16"}, regions="whole")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="unexpected keyword argument 'precison'"):
-        hasten.compile(nn.Linear(2, 2), precison="bf16")  # type: ignore[call-arg]
+        hasten.compile(nn.Linear(2, 2), precison="bf16", regions="whole")  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="mode='default'"):
-        hasten.compile(nn.Linear(2, 2), mode="reduce-overhead")
+        hasten.compile(nn.Linear(2, 2), mode="reduce-overhead", regions="whole")
 
 
 def test_device_check_happens_before_the_model_is_touched():
@@ -44,7 +44,7 @@ def test_device_check_happens_before_the_model_is_touched():
     cfg = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16, n_positions=8)
     model = transformers.GPT2LMHeadModel(cfg)
     with pytest.raises(ValueError):
-        hasten.compile(model, mode="reduce-overhead")
+        hasten.compile(model, mode="reduce-overhead", regions="whole")
     assert model.loss_type is None  # not fixed: compile was refused
 
 
@@ -52,7 +52,7 @@ def test_report_and_scaler_of_an_uncompiled_model_say_what_to_do():
     with pytest.raises(ValueError, match=r"hasten\.compile"):
         hasten.compiler.compile_report(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="precision='fp16'"):
-        hasten.compiler.grad_scaler(hasten.compile(nn.Linear(2, 2)))
+        hasten.compiler.grad_scaler(hasten.compile(nn.Linear(2, 2), regions="whole"))
 
 
 def test_verify_rejects_bad_arguments():
@@ -82,7 +82,9 @@ def test_keywords_override_config_only_where_given():
     from hasten.compiler.api import _RECORDS
 
     cfg = hasten.CompileConfig(precision="fp32", fallback="raise", warn_recompiles=2)
-    model = hasten.compile(nn.Linear(2, 2), cfg, warn_recompiles=0, precision=torch.float32)
+    model = hasten.compile(
+        nn.Linear(2, 2), cfg, warn_recompiles=0, precision=torch.float32, regions="whole"
+    )
     used = model._compiled_call_impl.code.config
     assert (used.fallback, used.warn_recompiles, used.precision) == ("raise", 0, "fp32")
     assert model in _RECORDS

@@ -69,7 +69,7 @@ def _grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torc
 def test_planted_miscompile_is_caught_retried_without_the_passes_and_reported(planted_miscompile):
     x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
     expected = _grads(_mlp(), x, y)
-    model = hasten.compile(_mlp())
+    model = hasten.compile(_mlp(), regions="whole")
     with pytest.warns(HastenMiscompileWarning) as caught:
         got = _grads(model, x, y)
     text = next(str(w.message) for w in caught if w.category is HastenMiscompileWarning)
@@ -99,7 +99,7 @@ def test_when_no_setting_agrees_the_variant_runs_eagerly(planted_miscompile, mon
     monkeypatch.setattr(check_mod, "safer_settings", lambda cfg: [("the same settings", cfg)])
     x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
     expected = _grads(_mlp(), x, y)
-    model = hasten.compile(_mlp())
+    model = hasten.compile(_mlp(), regions="whole")
     with pytest.warns(HastenMiscompileWarning, match="No setting agreed, so this variant runs eag"):
         got = _grads(model, x, y)
     for _ in range(2):
@@ -110,7 +110,7 @@ def test_when_no_setting_agrees_the_variant_runs_eagerly(planted_miscompile, mon
 
 def test_the_check_can_be_switched_off(planted_miscompile):
     x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
-    model = hasten.compile(_mlp(), verify_first_call=False)
+    model = hasten.compile(_mlp(), verify_first_call=False, regions="whole")
     with warnings.catch_warnings():
         warnings.simplefilter("error", HastenMiscompileWarning)
         got = _grads(model, x, y)
@@ -135,7 +135,7 @@ class _BNDrop(nn.Module):
 def test_a_checked_first_call_leaves_buffers_and_rng_as_one_eager_call_would():
     torch.manual_seed(0)
     eager = _BNDrop()
-    compiled = hasten.compile(_BNDrop())
+    compiled = hasten.compile(_BNDrop(), regions="whole")
     compiled.load_state_dict(eager.state_dict())
     x = torch.randn(16, 6)
     torch.manual_seed(123)
@@ -175,7 +175,7 @@ class _AppendsToCache(nn.Module):
 
 
 def test_a_call_with_a_stateful_object_is_not_run_again():
-    model = hasten.compile(_AppendsToCache())
+    model = hasten.compile(_AppendsToCache(), regions="whole")
     cache = _Cache()
     model(torch.randn(2, 4), cache)
     assert len(cache.items) == 1  # the forward ran once for the user, never for the check
@@ -196,7 +196,7 @@ class _RefusesThree(nn.Module):
 
 
 def test_a_first_call_that_raises_the_users_error_still_compiles_the_next_call():
-    model = hasten.compile(_RefusesThree())
+    model = hasten.compile(_RefusesThree(), regions="whole")
     with pytest.raises(ValueError, match="batch of 3"):
         model(torch.randn(3, 4))
     with warnings.catch_warnings():

@@ -35,7 +35,7 @@ def test_uncompilable_model_runs_eagerly_with_a_warning_naming_the_cause():
     model = GraphBreaker()
     x = torch.randn(3, 4)
     expected = model.lin(x).relu()
-    hasten.compile(model, fullgraph=True)
+    hasten.compile(model, fullgraph=True, regions="whole")
     with pytest.warns(HastenCompileWarning, match="runs eagerly.*Cause: .*graph_break"):
         out = model(x)
     torch.testing.assert_close(out, expected)
@@ -49,7 +49,7 @@ def test_uncompilable_model_runs_eagerly_with_a_warning_naming_the_cause():
 
 
 def test_raise_mode_raises_the_compile_error():
-    model = hasten.compile(GraphBreaker(), fullgraph=True, fallback="raise")
+    model = hasten.compile(GraphBreaker(), fullgraph=True, fallback="raise", regions="whole")
     with pytest.raises(torch._dynamo.exc.Unsupported):
         model(torch.randn(3, 4))
 
@@ -68,20 +68,20 @@ def test_backend_failure_at_first_call_falls_back(failing_pass):
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     x = torch.randn(2, 4)
     expected = model(x)
-    hasten.compile(model)
+    hasten.compile(model, regions="whole")
     with pytest.warns(HastenCompileWarning, match="planted pass failure"):
         out = model(x)
     torch.testing.assert_close(out, expected)
 
 
 def test_backend_failure_raises_in_raise_mode(failing_pass):
-    model = hasten.compile(nn.Sequential(nn.Linear(4, 4)), fallback="raise")
+    model = hasten.compile(nn.Sequential(nn.Linear(4, 4)), fallback="raise", regions="whole")
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="planted pass failure"):
         model(torch.randn(2, 4))
 
 
 def test_user_errors_are_not_swallowed_and_do_not_disable_compilation(failing_pass):
-    model = hasten.compile(nn.Sequential(nn.Linear(4, 4)))
+    model = hasten.compile(nn.Sequential(nn.Linear(4, 4)), regions="whole")
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
         model(torch.randn(2, 5))  # wrong width: eager raises the same error
     assert not model._compiled_call_impl.failed
@@ -98,7 +98,7 @@ class Disabled(nn.Module):
 
 
 def test_a_model_dynamo_skips_entirely_warns_that_nothing_was_compiled():
-    model = hasten.compile(Disabled())
+    model = hasten.compile(Disabled(), regions="whole")
     x = torch.randn(3, 4)
     with pytest.warns(HastenCompileWarning, match="captured no graph.*TorchDynamo skipped it"):
         out = model(x)
@@ -111,7 +111,7 @@ def test_a_model_dynamo_skips_entirely_warns_that_nothing_was_compiled():
 
 
 def test_nothing_compiled_names_a_disabled_dynamo():
-    model = hasten.compile(nn.Linear(4, 4))
+    model = hasten.compile(nn.Linear(4, 4), regions="whole")
     with (
         torch._dynamo.config.patch(disable=True),
         pytest.warns(HastenCompileWarning, match="TorchDynamo is disabled"),

@@ -73,7 +73,7 @@ def _compiled(batch: bool, monkeypatch, cache_dir) -> tuple[list[torch.Tensor], 
 
     monkeypatch.setattr(kernels, "BATCH", batch)
     torch.manual_seed(0)
-    model = hasten.compile(Net(), fallback="raise", cache_dir=cache_dir)
+    model = hasten.compile(Net(), fallback="raise", cache_dir=cache_dir, regions="whole")
     return _steps(model)
 
 

@@ -80,7 +80,10 @@ def test_hasten_compile_fuses_a_loss_only_lm_and_trains_like_eager():
     torch.manual_seed(0)
     eager = LossOnlyLM()
     compiled = hasten.compile(
-        copy.deepcopy(eager), fallback="raise", passes={"fused_linear_cross_entropy": True}
+        copy.deepcopy(eager),
+        fallback="raise",
+        passes={"fused_linear_cross_entropy": True},
+        regions="whole",
     )
     x, labels = _lm_rows(torch.Generator().manual_seed(1))
     x = x.detach()

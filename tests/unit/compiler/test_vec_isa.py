@@ -110,9 +110,11 @@ def test_hasten_compile_starts_the_probe_for_a_cpu_model(cache, claimed, monkeyp
 
     started = []
     monkeypatch.setattr("hasten.compiler.api.start_vec_isa_probe", started.append)
-    hasten.compile(torch.nn.Linear(2, 2), cache_dir=cache / "own")
+    hasten.compile(torch.nn.Linear(2, 2), cache_dir=cache / "own", regions="whole")
     assert started == [str(cache / "own")]
-    hasten.compile(torch.nn.Linear(2, 2), inductor_options={"cpp.vec_isa_ok": False})
+    hasten.compile(
+        torch.nn.Linear(2, 2), inductor_options={"cpp.vec_isa_ok": False}, regions="whole"
+    )
     assert started == [str(cache / "own")]  # the user's own setting: nothing to probe
 
 
@@ -178,7 +180,7 @@ sys.addaudithook(
     else None
 )
 import torch, hasten
-hasten.compile(torch.nn.Linear(2, 2))
+hasten.compile(torch.nn.Linear(2, 2), regions="whole")
 for t in threading.enumerate():
     if t.name == "hasten-vec-isa":
         t.join()

@@ -32,7 +32,7 @@ def _trainer(tmp_path, **args):
 def test_for_loop_adamw_becomes_fused_with_a_log_line(tmp_path, caplog):
     trainer = _trainer(tmp_path, optim="adamw_torch")
     with caplog.at_level(logging.INFO, logger="hasten"):
-        assert compile_trainer(trainer) is trainer
+        assert compile_trainer(trainer, regions="whole") is trainer
     assert trainer.args.optim.value == "adamw_torch_fused"
     assert "'adamw_torch' -> 'adamw_torch_fused'" in caplog.text
     assert "fused_optimizer=False" in caplog.text  # how to keep it
@@ -43,19 +43,19 @@ def test_for_loop_adamw_becomes_fused_with_a_log_line(tmp_path, caplog):
 
 def test_opting_out_and_other_optimizers_are_left_alone(tmp_path, caplog):
     trainer = _trainer(tmp_path, optim="adamw_torch")
-    compile_trainer(trainer, fused_optimizer=False)
+    compile_trainer(trainer, fused_optimizer=False, regions="whole")
     assert trainer.args.optim.value == "adamw_torch"
     trainer = _trainer(tmp_path, optim="sgd")
     with caplog.at_level(logging.INFO, logger="hasten"):
-        compile_trainer(trainer, precision="fp32")
+        compile_trainer(trainer, precision="fp32", regions="whole")
     assert trainer.args.optim.value == "sgd" and "->" not in caplog.text
 
 
 def test_a_model_compiled_already_is_kept(tmp_path):
     trainer = _trainer(tmp_path)
-    hasten.compile(trainer.model, fallback="raise")
+    hasten.compile(trainer.model, fallback="raise", regions="whole")
     impl = trainer.model._compiled_call_impl
-    compile_trainer(trainer)
+    compile_trainer(trainer, regions="whole")
     assert trainer.model._compiled_call_impl is impl
     with pytest.raises(TypeError, match=r"transformers\.Trainer"):
         compile_trainer(object())

@@ -48,8 +48,10 @@ def test_torch_compile_true_is_turned_off_for_the_trainer_with_one_log_line(tmp_
     assert trainer.args.torch_compile_backend == "inductor"  # what the Trainer would do
     assert trainer.accelerator.state.dynamo_plugin.backend == DynamoBackend.INDUCTOR
     with caplog.at_level(logging.INFO, logger="hasten"):
-        compile_trainer(trainer)
-        compile_trainer(trainer)  # a second call: compiled already, nothing to turn off
+        compile_trainer(trainer, regions="whole")
+        compile_trainer(
+            trainer, regions="whole"
+        )  # a second call: compiled already, nothing to turn off
     compile_report(trainer.model)  # compiled by hasten, in place (raises if not)
     args = trainer.args
     assert not args.torch_compile and args.torch_compile_backend is None
@@ -65,16 +67,16 @@ def test_torch_compile_true_is_turned_off_for_the_trainer_with_one_log_line(tmp_
 def test_without_torch_compile_nothing_is_said(tmp_path, caplog):
     trainer = _trainer(tmp_path)
     with caplog.at_level(logging.INFO, logger="hasten"):
-        compile_trainer(trainer)
+        compile_trainer(trainer, regions="whole")
     assert not _lines(caplog)
     assert trainer.accelerator.state.dynamo_plugin.backend == DynamoBackend.NO
 
 
 def test_a_model_hasten_compiled_before_the_trainer_is_not_compiled_again(tmp_path):
     trainer = _trainer(tmp_path, torch_compile=True)
-    hasten.compile(trainer.model)
+    hasten.compile(trainer.model, regions="whole")
     impl = trainer.model._compiled_call_impl
-    compile_trainer(trainer)
+    compile_trainer(trainer, regions="whole")
     assert trainer.model._compiled_call_impl is impl
     assert trainer.accelerator.state.dynamo_plugin.backend == DynamoBackend.NO
 
@@ -82,7 +84,7 @@ def test_a_model_hasten_compiled_before_the_trainer_is_not_compiled_again(tmp_pa
 @pytest.mark.slow
 def test_training_with_torch_compile_true_compiles_once_with_hasten(tmp_path):
     trainer = _trainer(tmp_path, torch_compile=True, max_steps=2, per_device_train_batch_size=4)
-    compile_trainer(trainer, fallback="raise")
+    compile_trainer(trainer, fallback="raise", regions="whole")
     trainer.train()
     assert not isinstance(trainer.model_wrapped, OptimizedModule)
     assert not any(isinstance(m, OptimizedModule) for m in trainer.accelerator._models)

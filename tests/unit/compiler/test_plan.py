@@ -1,0 +1,142 @@
+"""The compile plan of regions="auto": compile only when the run pays, and back off when slower.
+
+The rule is tested on a fake clock (no compiling); one slow test runs the plan on a real model
+and checks the swap from eager to compiled keeps training exact (fp32: parameters after 6 AdamW
+steps at rtol 1e-4, atol 1e-6 against eager).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hasten
+from hasten.compiler import plan as plan_mod
+from hasten.compiler.plan import Plan
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(plan_mod.time, "perf_counter", c)
+    return c
+
+
+def _step(p: Plan, clock: Clock, seconds: float, variant: str = "train_grad", grad: bool = True):
+    compiled = p.compile_now(variant, grad)
+    start = clock.now
+    clock.now += seconds
+    p.finished(variant, grad, start, compiled_now=False)
+    return compiled
+
+
+def test_a_known_short_run_never_compiles(clock, tmp_path):
+    p = Plan("k", "Net", prior_s=20.0, steps=50, history_dir=str(tmp_path))
+    got = [_step(p, clock, 0.1) for _ in range(50)]
+    assert not any(got)  # 49 steps x 0.1 s x 20 % saved ~ 1 s, far below a 20 s compile
+    assert any("runs eagerly for this run" in n for n in p.notes)
+
+
+def test_a_known_long_run_compiles_at_the_second_call(clock, tmp_path):
+    p = Plan("k", "Net", prior_s=20.0, steps=10_000, history_dir=str(tmp_path))
+    assert _step(p, clock, 0.1) is False  # the first step runs eagerly, to be timed
+    assert _step(p, clock, 0.1) is True
+    assert any("compiling:" in n for n in p.notes)
+
+
+def test_without_a_length_it_compiles_once_eager_time_reaches_the_compile_cost(clock, tmp_path):
+    p = Plan("k", "Net", prior_s=2.0, steps=None, history_dir=str(tmp_path))
+    got = [_step(p, clock, 0.25) for _ in range(12)]
+    first = got.index(True)
+    # calls 1..8 took 2.0 s in all: the 9th call is the first compiled one
+    assert first == 8 and all(got[first:])
+    assert any("starts eagerly" in n for n in p.notes)
+
+
+def test_a_run_shorter_than_one_compile_stays_eager(clock, tmp_path):
+    p = Plan("k", "Net", prior_s=30.0, steps=None, history_dir=str(tmp_path))
+    assert not any(_step(p, clock, 0.005) for _ in range(450))  # the digits CNN: 2.3 s eagerly
+
+
+def test_rare_evaluation_calls_count_their_own_time(clock, tmp_path):
+    p = Plan("k", "Net", prior_s=1.0, steps=10_000, history_dir=str(tmp_path))
+    evals = []
+    for _ in range(30):
+        _step(p, clock, 0.1)
+        evals.append(_step(p, clock, 0.02, variant="eval_no_grad", grad=False))
+    assert not any(evals)  # 30 x 0.02 s = 0.6 s of evaluation: less than a compile
+    for _ in range(30):
+        evals.append(_step(p, clock, 0.02, variant="eval_no_grad", grad=False))
+    assert evals[-1]  # 1.2 s of evaluation: now it pays
+
+
+def test_a_compiled_call_slower_than_eager_goes_back_to_eager(clock, tmp_path):
+    p = Plan("k", "Net", prior_s=0.5, steps=None, history_dir=str(tmp_path))
+    for _ in range(6):
+        _step(p, clock, 0.1)
+    assert p.variants["train_grad"].state == "compiled"
+    for _ in range(8):
+        _step(p, clock, 0.3)  # compiled measures 3x slower
+    assert p.variants["train_grad"].state == "eager_for_good"
+    assert _step(p, clock, 0.1) is False
+    assert any("measured slower than eager" in n for n in p.notes)
+
+
+def test_the_compile_cost_measured_here_is_used_next_time(clock, tmp_path):
+    p = Plan("k", "Net", prior_s=30.0, steps=None, history_dir=str(tmp_path))
+    p.compiled_seconds(3.5)
+    again = Plan("k", "Net", prior_s=30.0, steps=None, history_dir=str(tmp_path))
+    assert again.expected_s == pytest.approx(3.5)
+    assert again.source == "measured here before"
+    other = Plan("other", "Net", prior_s=30.0, steps=None, history_dir=str(tmp_path))
+    assert other.expected_s == 30.0
+
+
+def test_steps_must_be_a_positive_int():
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        hasten.CompileConfig(steps=0)
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        hasten.CompileConfig(steps=2.5)  # type: ignore[arg-type]
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def _train(model: nn.Module, steps: int) -> None:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.mark.slow
+def test_planned_runs_short_eager_and_long_compiled_with_eagers_numerics(tmp_path):
+    torch._dynamo.reset()
+    short = hasten.compile(_mlp(), steps=6, cache_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hasten.compiler.runtime.HastenCompileWarning)
+        _train(short, 6)
+    assert hasten.compiler.compile_report(short).graph_count == 0  # a 6-step run: not worth it
+    eager, long = _mlp(), hasten.compile(_mlp(), steps=10**7, cache_dir=tmp_path)
+    _train(eager, 6)
+    _train(long, 6)  # step 1 eager, compiled from step 2: the swap must not change the result
+    assert hasten.compiler.compile_report(long).graph_count == 1
+    for (name, pe), pc in zip(eager.named_parameters(), long.parameters()):
+        torch.testing.assert_close(pc, pe, rtol=1e-4, atol=1e-6, msg=name)
