@@ -103,6 +103,7 @@ from hasten.sifting.exceptions import (
     UnsupportedDataFormatException,
 )
 from hasten.sifting.feedback import SampleLosses
+from hasten.sifting.guard import PruningGuard
 from hasten.sifting.history import LossHistory, percentile_of
 from hasten.sifting.loader import SiftingDataloader
 from hasten.sifting.loss import CallableLoss, Loss, PerSampleCrossEntropy
@@ -126,6 +127,7 @@ __all__ = [
     "LossHistory",
     "LossImplementationNotProvidedException",
     "PerSampleCrossEntropy",
+    "PruningGuard",
     "PruningSampler",
     "PruningStats",
     "RelativeProbabilisticSiftConfig",
