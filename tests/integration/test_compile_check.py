@@ -79,7 +79,7 @@ def test_digits_cnn_gets_eagers_gradients_and_a_warning_naming_the_cause(tmp_pat
         return
     assert len(found) == 1, found
     text = found[0]
-    assert "Inductor layout_optimization=False: matches eager" in text
+    assert "Tried: Inductor layout_optimization=False: matches eager" in text  # tried first
     assert "torch 2.13" in text
     script = text.split("Standalone reproducer: ")[1].split(".py")[0] + ".py"
     # the reproducer needs only torch, and shows the bug with torch.compile's own backend

@@ -349,6 +349,8 @@ def safer_settings(config: Any) -> list[tuple[str, Any]]:
                 config.replace(inductor_options={**opts, "layout_optimization": False}),
             )
         )
+    # a rung that fixes a bug known on this torch goes first: each rung costs a compile
+    rungs.sort(key=lambda rung: known_cause(rung[0]) is None)
     safest = {**opts, "layout_optimization": False, "pattern_matcher": False}
     if enabled or opts != safest:
         rungs.append(

@@ -59,3 +59,17 @@ def test_a_model_compiled_already_is_kept(tmp_path):
     assert trainer.model._compiled_call_impl is impl
     with pytest.raises(TypeError, match=r"transformers\.Trainer"):
         compile_trainer(object())
+
+
+def test_the_run_length_reaches_the_compile_plan(tmp_path):
+    trainer = _trainer(tmp_path, gradient_accumulation_steps=2)  # max_steps=1, 2 micro-batches
+    compile_trainer(trainer)
+    assert trainer.model._compiled_call_impl.code.config.steps == 2
+    by_epochs = _trainer(tmp_path, per_device_train_batch_size=3)
+    by_epochs.args.max_steps = -1
+    by_epochs.args.num_train_epochs = 2
+    compile_trainer(by_epochs)  # 4 rows in batches of 3: 2 batches a pass, 2 passes
+    assert by_epochs.model._compiled_call_impl.code.config.steps == 4
+    given = _trainer(tmp_path)
+    compile_trainer(given, steps=500)  # the user's own hint wins
+    assert given.model._compiled_call_impl.code.config.steps == 500
