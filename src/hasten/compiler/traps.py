@@ -9,11 +9,13 @@
   the ``loss_function`` property logs a ``warning_once`` inside ``forward``, which breaks the graph.
   It then uses ``ForCausalLM`` anyway, so setting ``loss_type = "ForCausalLM"`` changes nothing but
   the warning and the graph break.
-* Transformers models that pick their loss from ``config.problem_type`` (the
-  ``*ForSequenceClassification`` heads): when it is ``None`` the first forward with labels sets it
-  (from ``num_labels`` and the labels' dtype), a change TorchDynamo guards on, so the second call
-  recompiled the whole model. hasten sets it before that first call, by the same rule, from the
-  call's labels (:func:`call_fixes`): the value the model would have set itself.
+* Transformers models that pick their loss from ``config.problem_type``: when it is ``None`` the
+  first forward with labels sets it (from ``num_labels`` and the labels' dtype), a change
+  TorchDynamo guards on, so the second call recompiled the whole model. The
+  ``*ForSequenceClassification`` heads set it in ``forward``; the image, audio and video
+  classifiers (ViT, Swin, ConvNeXt, ResNet ...) in their loss function
+  (``ForSequenceClassificationLoss``). hasten sets it before that first call, by the same rule,
+  from the call's labels (:func:`call_fixes`): the value the model would have set itself.
 * A short last batch (a data set not divisible by the batch size): TorchDynamo specialized the
   first graph on the batch size and recompiled the model for the smaller one (21 s for BERT small
   on 2 CPU cores, for one step). With ``CompileConfig(dynamic=None)``, the default, a call of
@@ -72,7 +74,10 @@ def call_fixes(model: nn.Module, fix: bool = True) -> tuple[list[CallFix], list[
     Each fix returns ``True`` once done (then it is dropped). Returns the fixes and, for traps
     found but not fixed (``fix=False``), one line each.
     """
-    if not _is_transformers_model(model) or not _uses_problem_type(model):
+    if not _is_transformers_model(model):
+        return [], []
+    setter = _problem_type_setter(model)
+    if setter is None:
         return [], []
     config = getattr(model, "config", None)
     if getattr(config, "problem_type", "set") is not None:
@@ -80,24 +85,51 @@ def call_fixes(model: nn.Module, fix: bool = True) -> tuple[list[CallFix], list[
     where = f"model ({type(model).__name__})"
     if not fix:
         return [], [
-            f"{where}: config.problem_type is None, so the first forward with labels sets it, "
-            "which recompiles the model; set model.config.problem_type before training"
+            f"{where}: config.problem_type is None, so the first forward with labels sets it "
+            f"(in {setter}), which recompiles the model; set model.config.problem_type before "
+            "training"
         ]
-    return [_problem_type_fix(where)], []
+    return [_problem_type_fix(where, setter)], []
 
 
-def _uses_problem_type(model: nn.Module) -> bool:
+def _code_names(fn: Any) -> tuple[str, ...]:
     import inspect
 
     try:  # Transformers wraps forward in decorators (can_return_tuple ...): read the original
-        forward = inspect.unwrap(type(model).forward)
+        fn = inspect.unwrap(fn)
     except ValueError:  # a cycle of __wrapped__
-        return False
-    code = getattr(forward, "__code__", None)
-    return code is not None and "problem_type" in code.co_names
+        return ()
+    code = getattr(fn, "__code__", None)
+    return code.co_names if code is not None else ()
 
 
-def _problem_type_fix(where: str) -> CallFix:
+def _problem_type_setter(model: nn.Module) -> str | None:
+    """Where a first call with labels sets ``config.problem_type``, or ``None`` if nowhere.
+
+    ``"forward"``: the model's ``forward`` does (BERT's, RoBERTa's ... sequence classifiers).
+    ``"loss_function"``: ``forward`` calls ``self.loss_function`` and the loss it resolves to does
+    (Transformers' ``ForSequenceClassificationLoss``, the loss of the ``ForImageClassification``,
+    ``ForAudioClassification`` and ``ForVideoClassification`` heads: ViT, Swin, ConvNeXt,
+    ResNet ...). The loss is looked up as the ``loss_function`` property would (a loss set on the
+    model, else ``LOSS_MAPPING[model.loss_type]``) without reading the property, which logs a
+    warning for an unknown ``loss_type``.
+    """
+    names = _code_names(type(model).forward)
+    if "problem_type" in names:
+        return "forward"
+    if "loss_function" not in names:
+        return None
+    loss = vars(model).get("_loss_function")
+    if loss is None:
+        try:
+            from transformers.loss.loss_utils import LOSS_MAPPING
+        except ImportError:  # a Transformers without the loss registry
+            return None
+        loss = LOSS_MAPPING.get(getattr(model, "loss_type", None))
+    return "loss_function" if "problem_type" in _code_names(loss) else None
+
+
+def _problem_type_fix(where: str, setter: str = "forward") -> CallFix:
     def fix(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         config = model.config
         if config.problem_type is not None:  # set by the user or the model meanwhile
@@ -105,8 +137,9 @@ def _problem_type_fix(where: str) -> CallFix:
         labels = kwargs.get("labels")
         if not isinstance(labels, torch.Tensor):
             return False  # not a call that sets it: try the next one
-        # Transformers' own rule (e.g. BertForSequenceClassification.forward), applied early.
-        num_labels = model.num_labels
+        # Transformers' own rule (BertForSequenceClassification.forward, and
+        # ForSequenceClassificationLoss from config.num_labels), applied early.
+        num_labels = model.num_labels if setter == "forward" else config.num_labels
         if num_labels == 1:
             config.problem_type = "regression"
         elif num_labels > 1 and labels.dtype in (torch.long, torch.int):
@@ -116,8 +149,8 @@ def _problem_type_fix(where: str) -> CallFix:
         _note(
             model,
             f"{where}: config.problem_type was None; set it to {config.problem_type!r} "
-            "before the first call with labels (what that call would have set), so the model "
-            "is not recompiled at its second call",
+            f"before the first call with labels (what that call would have set, in {setter}), "
+            "so the model is not recompiled at its second call",
         )
         return True
 
