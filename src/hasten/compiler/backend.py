@@ -31,6 +31,7 @@ import torch
 import torch.fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
+from hasten.compiler.breaks import track as track_graph_breaks
 from hasten.compiler.cache import ensure_intact
 from hasten.compiler.config import CompileConfig
 from hasten.compiler.kernels import batched_kernels
@@ -64,6 +65,7 @@ class HastenBackend:
     ):
         self.__name__ = "hasten"
         self.keep_sources = keep_sources
+        track_graph_breaks()  # every break TorchDynamo counts, empty graphs' too (breaks.py)
         self.sources: list[
             Any
         ] = []  # graphs as standalone code, for a reproducer (check.py)  # how TorchDynamo names the backend in errors and logs

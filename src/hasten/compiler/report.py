@@ -180,8 +180,19 @@ class CompileReport:
             lines.append(f"  trap: {fix}")
         for check in self.checks:
             lines.append(f"  first-call check: {check}")
-        for i, gb in enumerate(self.graph_breaks, 1):
-            lines.append(f"  graph break {i}: {gb.reason}")
+        # TorchDynamo can break twice at one line (in the frame that inlined the call, then
+        # in the called frame it traces next): listed once, with how often
+        seen: Counter[tuple[str, str]] = Counter(
+            (gb.reason, gb.location) for gb in self.graph_breaks
+        )
+        listed: set[tuple[str, str]] = set()
+        for gb in self.graph_breaks:
+            key = (gb.reason, gb.location)
+            if key in listed:
+                continue
+            listed.add(key)
+            times = f" ({seen[key]} times)" if seen[key] > 1 else ""
+            lines.append(f"  graph break {len(listed)}{times}: {gb.reason}")
             lines.append(f"    at {gb.location}" + (f":  {gb.source}" if gb.source else ""))
             lines.append(f"    fix: {gb.suggestion}")
         for rc in self.recompiles:
@@ -219,16 +230,39 @@ class CompileRecord:
     backend_calls: int = 0
     fallback: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Dynamo's reason objects already recorded, by id (kept alive here, so ids stay unique)
+    _break_reasons: dict[int, Any] = field(default_factory=dict, repr=False)
 
     def add_graph(self, shape: GraphShape, seconds: float, variant: str = "") -> None:
-        """Log one captured graph (its :func:`graph_shape`) and the seconds it took to compile."""
+        """Log one captured graph (its :func:`graph_shape`) and the seconds it took to compile.
+
+        The graph break that ended it, if any, is recorded with every other break TorchDynamo
+        counts when the frame's compile ends (:mod:`hasten.compiler.breaks`), or here when the
+        graph was compiled outside TorchDynamo's compile callbacks.
+        """
+        from hasten.compiler.breaks import note_graph
+
         nodes, ops, reason = shape
         with self.lock:
             self.graphs.append(
                 GraphInfo(len(self.graphs), nodes, tuple(ops.most_common(10)), seconds, variant)
             )
-            if reason is not None and getattr(reason, "graph_break", False):
-                self.graph_breaks.append(graph_break_from(reason))
+        if reason is not None and getattr(reason, "graph_break", False) and not note_graph(self):
+            self.add_break(reason)
+
+    def add_break(self, reason: Any) -> None:
+        """Log one graph break from Dynamo's ``GraphCompileReason`` (each reason once; not the
+        checkpoint graph of a break Dynamo could not resume from, which it does not count as a
+        graph break either: :data:`hasten.compiler.breaks.UNRESUMABLE`)."""
+        from hasten.compiler.breaks import UNRESUMABLE
+
+        if getattr(reason, "reason", None) == UNRESUMABLE:
+            return
+        with self.lock:
+            if id(reason) in self._break_reasons:
+                return
+            self._break_reasons[id(reason)] = reason
+            self.graph_breaks.append(graph_break_from(reason))
 
     def report(self) -> CompileReport:
         with self.lock:
