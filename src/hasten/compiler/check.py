@@ -230,7 +230,12 @@ def _copy_batch(
             leaf = t.detach().clone().requires_grad_(True)
             inputs.append((f"input {len(inputs)}", leaf))
             return leaf
-        return t.clone()
+        if t.is_inference():
+            return t.clone()
+        # under inference_mode a plain clone would be an inference tensor, whose dispatch keys
+        # differ from the input's: the user's own call would then recompile
+        with torch.inference_mode(False):
+            return t.clone()
 
     a, kw = pytree.tree_map(copy, (args, kwargs))
     return a, kw, inputs

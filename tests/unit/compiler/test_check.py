@@ -206,3 +206,13 @@ def test_a_first_call_that_raises_the_users_error_still_compiles_the_next_call()
     rep = hasten.compiler.compile_report(model)
     assert rep.graph_count >= 1
     assert not any("runs eagerly instead of recompiling" in f for f in rep.fixes), rep.fixes
+
+
+def test_checking_an_inference_mode_call_does_not_make_the_users_call_recompile():
+    model = hasten.compile(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), regions="whole")
+    x = torch.randn(3, 4)  # a normal tensor, passed under inference_mode (as evaluation does)
+    with torch.inference_mode():
+        model(x)
+        model(x)
+    rep = hasten.compiler.compile_report(model)
+    assert rep.graph_count == 1 and not rep.recompiles, str(rep)
