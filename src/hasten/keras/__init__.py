@@ -1,6 +1,6 @@
 """hasten for Keras 3: the fastest correct training configuration, and sifting in ``fit``.
 
-``pip install 'hasten[keras]'``. Works on Keras's TensorFlow, PyTorch and JAX backends; select
+``pip install 'hasten[keras]'`` (PyTorch backend) or ``'hasten[tensorflow]'``. Works on Keras's TensorFlow, PyTorch and JAX backends; select
 the backend as Keras wants, with ``KERAS_BACKEND`` before ``keras`` is first imported.
 TensorFlow is only needed on its backend (and for ``tf.data`` sources)::
 
@@ -53,7 +53,14 @@ def __getattr__(name: str) -> Any:
     except ModuleNotFoundError as err:
         if err.name in ("keras", "tensorflow"):
             raise ModuleNotFoundError(
-                f"hasten.keras needs {err.name}: pip install 'hasten[keras]'", name=err.name
+                f"hasten.keras needs {err.name}: "
+                + (
+                    "pip install 'hasten[tensorflow]' (Keras's TensorFlow backend), or "
+                    "KERAS_BACKEND=torch with pip install 'hasten[keras]'"
+                    if err.name == "tensorflow"
+                    else "pip install 'hasten[keras]'"
+                ),
+                name=err.name,
             ) from err
         raise
     globals()[name] = value
