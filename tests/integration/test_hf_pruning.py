@@ -301,3 +301,29 @@ def test_the_unbiased_rules_reweighted_loss_is_what_the_trainer_backpropagates(t
         assert loss * ga == pytest.approx(weighted, rel=1e-6) or loss == pytest.approx(weighted)
     # in the pruned epochs the kept low-loss samples weigh 2: the weighted mean is larger
     assert any(w > m * 1.01 for m, w in returned[13:])
+
+
+@pytest.mark.slow
+def test_guard_by_default_prunes_only_learned_rows_and_says_so(tmp_path, caplog):
+    """The README's recipe with the default guard: rows are skipped only once learned (their
+    loss well below the run's first), and the fit ends with one line saying what happened."""
+    trainer = Recording(
+        model=Model(),
+        args=_args(tmp_path, num_train_epochs=6, learning_rate=0.5),
+        train_dataset=Tokens(),
+    )
+    enable_sifting(trainer, hasten.StaleRelativePruningConfig(beta_value=1.0, max_loss_age=None))
+    with caplog.at_level("INFO", logger="hasten"):
+        trainer.train()
+    sampler = trainer.hasten_pruning_sampler
+    records = sampler.guard.state.epochs
+    assert len(records) == 6 and records[0]["reason"] == "full data"
+    first = sampler.guard.state.first_loss
+    for r in records:  # whatever was skipped was learned: below 30 % of the first loss
+        if r.get("pruned", 0) > 0:
+            assert r["threshold"] == pytest.approx(0.3 * first)
+    stats = sampler.stats
+    assert stats.samples_fed_back == sum(len(r) for r in trainer.rows)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("hasten sifting")]
+    assert len(lines) == 1 and "guard" in lines[0]
+    assert f"trained on {stats.samples_kept} of {6 * N}" in lines[0]

@@ -249,3 +249,25 @@ def test_bad_uses_are_named(tmp_path):
     trainer = _trainer(pl, tmp_path, [Sifting({"policy": "unbiased"})], max_steps=3)
     with pytest.raises(ValueError, match="anneal_fraction"):
         trainer.fit(Module(), datamodule=Data())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("package", PACKAGES)
+def test_guard_by_default_holds_back_where_little_is_learned_and_says_so(package, tmp_path, caplog):
+    pl = _pl(package)
+    from hasten.integrations.lightning import Sifting
+
+    Module, Data = _classes(pl)
+    # the README's recipe, guard left at its default; i % 3 from a 160-sample index is not
+    # learned in 3 epochs (a few rows by chance), so the rule alone would drop half of epochs
+    # 1 and 2 for nothing
+    sifting = Sifting(hasten.StaleRelativePruningConfig(beta_value=1.0, max_loss_age=None))
+    trainer = _trainer(pl, tmp_path, [sifting], max_epochs=3)
+    with caplog.at_level("INFO", logger="hasten"):
+        trainer.fit(Module(), datamodule=Data())
+    stats = sifting.sampler.stats
+    # (the rule alone keeps about half: test_pruning_by_epochs_prunes_each_epoch_...)
+    assert len(stats.epoch_kept_fractions) == 3 and min(stats.epoch_kept_fractions) >= 0.95
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("hasten sifting")]
+    assert len(lines) == 1, lines
+    assert f"trained on {stats.samples_kept} of 480" in lines[0] and "guard" in lines[0]
