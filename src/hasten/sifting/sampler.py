@@ -562,7 +562,10 @@ class PruningSampler(Sampler[int]):
                     f"the checkpoint's {key} is {state[key]} but this sampler's is {mine}: "
                     "resume with the same dataset and ranks"
                 )
-        if state["config"] != self.config.to_dict() or state["num_epochs"] != self.num_epochs:
+        mine = self.config.to_dict()
+        if "guard" not in state["config"]:  # written before the guard existed
+            mine.pop("guard", None)
+        if state["config"] != mine or state["num_epochs"] != self.num_epochs:
             warnings.warn(
                 f"resuming pruning with different settings: saved {state['config']} "
                 f"(num_epochs={state['num_epochs']}), now {self.config.to_dict()} "
