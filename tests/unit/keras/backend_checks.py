@@ -153,13 +153,25 @@ def sifting() -> dict:
     out: dict = {}
     model = build()
     data = hk.SiftingPyDataset(
-        X, Y, batch_size=16, config=UnbiasedPruningConfig(prune_ratio=0.5), num_epochs=6
+        X,
+        Y,
+        batch_size=16,
+        config=UnbiasedPruningConfig(prune_ratio=0.5, guard=None),  # the rule's own law
+        num_epochs=6,
     )
     hist = model.fit(data, epochs=6, callbacks=[data.callback()], verbose=0)
     out["history"] = {k: [float(v) for v in vals] for k, vals in hist.history.items()}
     out["stats"] = data.stats.as_dict()
     out["all_seen"] = bool(data.table.seen.all())
     out["compute_loss_restored"] = "compute_loss" not in model.__dict__
+    # the default guard through Keras fit: the same planner, one line at the end of the fit
+    guarded = hk.SiftingPyDataset(
+        X, Y, batch_size=16, config=UnbiasedPruningConfig(prune_ratio=0.5), num_epochs=4
+    )
+    build().fit(guarded, epochs=4, callbacks=[guarded.callback()], verbose=0)
+    out["guarded_records"] = len(guarded.planner.guard.state.epochs)
+    out["guarded_reported"] = guarded.planner.report() is None  # the callback reported it
+    out["guarded_summary"] = guarded.planner.summary()
     if BACKEND == "tensorflow":
         import tensorflow as tf
 

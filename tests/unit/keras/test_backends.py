@@ -96,6 +96,11 @@ def test_sifting_fit_keeps_law_and_loses_nothing(checks):
     assert fractions[0] == 1.0 and fractions[-1] == 1.0  # epoch 0 all data; annealed last epoch
     assert max(fractions[1:-1]) < 0.95  # pruned epochs
     assert s["history"]["sift_keep_rate"] == pytest.approx(fractions)
+    assert s["guarded_records"] == 4 and s["guarded_reported"]
+    assert (
+        s["guarded_summary"].startswith("hasten sifting: trained on")
+        and "guard" in s["guarded_summary"]
+    )
     if checks["backend"] == "tensorflow":
         assert s["tfdata_size"] == 96
         t = s["tfdata_stats"]
