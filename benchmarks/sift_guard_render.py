@@ -12,6 +12,7 @@ from pathlib import Path
 
 RESULTS = Path("benchmarks/results")
 TASKS = ("digits", "text", "mnist1d", "mnist1d-large")
+NAMES = {"text": "BBC News", "mnist1d": "MNIST-1D", "mnist1d-large": "MNIST-1D 50k"}
 
 
 def _pts(stat: dict | None) -> str:
@@ -35,7 +36,7 @@ def grid_table() -> list[str]:
                 continue
             saved = 1 - row["compute_vs_full"]["mean"]
             lines.append(
-                f"| {task} | `{row['run']}` | {len(row['seeds'])} | {saved:.1%} | "
+                f"| {NAMES.get(task, task)} | `{row['run']}` | {len(row['seeds'])} | {saved:.1%} | "
                 f"{_pts(row.get('acc_minus_full'))} | {_pts(row.get('acc_minus_matched'))} | "
                 f"{_pts(row.get('acc_minus_rs2'))} |"
             )

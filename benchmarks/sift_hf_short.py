@@ -62,13 +62,14 @@ def _register_extra_rules() -> None:
     class UniformPruning:
         keep: float = 0.5
         anneal_fraction: float = 0.0
-        first_pruned_epoch: int = 1
+        guard: None = None  # the diagnostic rules run alone (a rule without the field is guarded)
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class ReweightedRelative:
         beta_value: float = 1.0
         cap: float = 10.0
         anneal_fraction: float = 0.0
+        guard: None = None
 
     def uniform(cfg, losses, history, generator):
         u = torch.rand(losses.shape, generator=generator)
