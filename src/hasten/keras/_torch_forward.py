@@ -31,6 +31,7 @@ from torch.utils import _pytree as pytree
 __all__ = ["KerasForward", "install", "uninstall"]
 
 MAX_VARIANTS = 8
+RARE_CALLS = 8  # calls of a new variant (a short last batch, evaluation) before it is captured
 """Distinct captured variants per model (shapes of partial batches add some); beyond this a new
 variant runs eagerly, with a warning."""
 
@@ -76,6 +77,7 @@ class KerasForward:
         self.graphs: dict[Any, Any] = {}  # variant key -> compiled module, or None (eager)
         self.failures: list[str] = []
         self.captures = 0
+        self._seen: dict[Any, int] = {}  # calls of a variant not captured yet
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling() or _in_keras_scope():
@@ -99,6 +101,13 @@ class KerasForward:
             tuple((tuple(t.shape), t.dtype) for t in tensors),
             others,
         )
+        # a short last batch (a new leading size) runs eagerly until its size has come back
+        # RARE_CALLS times: each new shape is a capture and a compile of its own, and a sifted
+        # fit ends most epochs with one of another size, up to the variant limit
+        if key not in self.graphs and self.graphs:
+            seen = self._seen[key] = self._seen.get(key, 0) + 1
+            if seen < RARE_CALLS:
+                return self.original(*args, **kwargs)
         if key not in self.graphs:
             self.graphs[key] = self._capture(args, kwargs, leaves, spec, tensors, training)
         graph = self.graphs[key]

@@ -112,8 +112,10 @@ def test_torch_backend_three_epochs_no_recompiles(checks):
     if checks["backend"] != "torch":
         pytest.skip("PyTorch backend only")
     r = checks["no_recompiles"]
-    assert r["variants"] == 2 and r["eager_variants"] == 0  # train and validation graphs
-    assert r["graphs"] >= 2 and r["recompiles"] == 0
+    # the training graph; validation (one call an epoch, 3 in all) stays eager: a new variant is
+    # captured once it has come back RARE_CALLS times, as a short last batch would be
+    assert r["variants"] == 1 and r["eager_variants"] == 0
+    assert r["graphs"] >= 1 and r["recompiles"] == 0
     assert r["warnings"] == [] and r["dynamo_logs"] == []
     assert len(r["val_loss"]) == 3
 
