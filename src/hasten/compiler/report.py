@@ -76,12 +76,22 @@ def log_line(line: str) -> None:
     Where logging is configured, records propagate to the application's handlers as usual.
     """
     if not logger.hasHandlers():
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _UntilConfigured(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
         if logger.level == logging.NOTSET:
             logger.setLevel(logging.INFO)
     logger.info(line)
+
+
+class _UntilConfigured(logging.StreamHandler):  # type: ignore[type-arg]
+    """hasten's stderr handler of a script without logging set up: it stands aside once the
+    application gives the root logger a handler (``logging.basicConfig`` after hasten's first
+    line), which the records reach anyway, so no line is shown twice."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not (logger.propagate and logging.getLogger().handlers):
+            super().emit(record)
 
 
 @dataclass(frozen=True)
