@@ -6,8 +6,9 @@ The pipeline, once, before ``fit``::
     model = build()  [under the mixed policy for precision="bf16": Keras decides a layer's dtypes
                       when it is built, so the model is built or cloned under the policy]
     snapshot weights and optimizer state
-    for each candidate of the backend (TensorFlow: XLA or not; PyTorch: Keras eager or hasten's
-                                       compiler; JAX: XLA):
+    for each candidate of the backend (TensorFlow: XLA or not; PyTorch: Keras eager, Keras's
+                                       jit_compile=True (torch.compile) or hasten's compiler;
+                                       JAX: XLA):
         configure the model, time the first step (compile) and a few steady steps
         check its numerics against the reference (Keras's default, uncompiled step)
         restore the snapshot
@@ -105,11 +106,21 @@ class _Candidate:
 
 
 def candidates_for(backend: str) -> list[_Candidate]:
-    """The configurations tried on ``backend``; the first is the reference (Keras's default)."""
+    """The configurations tried on ``backend``; the first is the reference (Keras's default).
+
+    Every switch Keras itself offers on the backend is among them, so the choice is never slower
+    in the trial than the best of Keras's own: on PyTorch that is ``jit_compile=True``
+    (``"keras+jit"``: Keras wraps its train and test steps in ``torch.compile``), beside hasten's
+    compiler of the model's forward.
+    """
     if backend == "tensorflow":
         return [_Candidate("keras", False), _Candidate("keras+xla", True)]
     if backend == "torch":
-        return [_Candidate("keras", False), _Candidate("hasten", False, hasten=True)]
+        return [
+            _Candidate("keras", False),
+            _Candidate("keras+jit", True),
+            _Candidate("hasten", False, hasten=True),
+        ]
     if backend == "jax":
         return [_Candidate("keras+xla", True)]
     raise ValueError(f"hasten.keras supports the tensorflow, torch and jax backends, not {backend}")
@@ -278,10 +289,29 @@ def compile(
     _configure(model, next(c for c in pool if c.name == best.name))
     model.reset_metrics()
     object.__setattr__(model, "hasten_report", report)
+    if verbose and not _logging_shows(logger, logging.INFO):
+        print(report)  # the one line, where logging would not show it (a plain script)
     logger.info("%s", report)
-    if verbose:
-        print(report)
     return model
+
+
+def _logging_shows(log: logging.Logger, level: int) -> bool:
+    """Whether a record of ``level`` on ``log`` reaches a handler that emits it.
+
+    hasten's compiler gives the ``"hasten"`` logger a stderr handler in a script that set up no
+    logging (``hasten.compiler.report.log_line``), and ``"hasten.keras"`` propagates to it: then
+    printing the line too showed it twice.
+    """
+    if not log.isEnabledFor(level):
+        return False
+    current: logging.Logger | None = log
+    while current is not None:
+        if any(h.level <= level for h in current.handlers):
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent  # type: ignore[assignment]
+    return False
 
 
 # ---------------------------------------------------------------------- building under a policy
@@ -402,7 +432,14 @@ def _configure(model: Any, cand: _Candidate) -> None:
                 fwd = _torch_forward.KerasForward(model, CompileConfig(fallback="eager"))
                 object.__setattr__(model, "_hasten_keras_forward", fwd)
             object.__setattr__(model, "call", fwd)
-    model.jit_compile = cand.jit_compile
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Keras warns when it refuses jit_compile: said below
+        model.jit_compile = cand.jit_compile
+    if cand.jit_compile and not model.jit_compile:
+        raise RuntimeError(
+            f"Keras does not support jit_compile=True for {type(model).__name__} on the "
+            f"{keras.backend.backend()} backend (it keeps jit_compile=False)"
+        )
     model.train_function = model.test_function = model.predict_function = None
 
 
