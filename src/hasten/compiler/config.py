@@ -139,6 +139,14 @@ class CompileConfig:
     (e.g. set Transformers' ``loss_type`` to the default it falls back to, so the warning it logs
     inside ``forward`` no longer breaks the graph). Each fix is reported by ``hasten.explain``."""
 
+    fuse_optimizer: bool = True
+    """Step the model's optimizer with its fused kernel: an ``Adam``, ``AdamW``, ``SGD`` or
+    ``Adagrad`` over this model's parameters whose param groups leave ``fused``/``foreach`` to
+    PyTorch switches to ``fused=True`` before its first step (one multi-tensor update instead of
+    a loop over the parameters; same arithmetic, reordered), logged once. Explicit choices
+    (``fused``, ``foreach``, ``capturable``, ``differentiable``) are kept. ``False`` leaves the
+    optimizer as made. See :mod:`hasten.compiler.optimizer`."""
+
     warn_recompiles: int = 4
     """Warn, with the guards that failed, once a compiled forward has been recompiled this many
     times: half of torch's limit (8), after which Dynamo silently runs it eagerly; a warning also
@@ -189,7 +197,7 @@ class CompileConfig:
         _one_of("fallback", self.fallback, FALLBACKS)
         _one_of("regions", self.regions, REGIONS)
         _one_of("start", self.start, STARTS)
-        for name in ("fullgraph", "fix_known_traps", "verify_first_call"):
+        for name in ("fullgraph", "fix_known_traps", "verify_first_call", "fuse_optimizer"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"CompileConfig.{name} must be True or False")
         if self.dynamic is not None and not isinstance(self.dynamic, bool):

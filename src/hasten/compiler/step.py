@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
-__all__ = ["UPDATES", "prepare_optimizer"]
+__all__ = ["UPDATES", "fused_kernel", "fused_supported", "prepare_optimizer", "steps_for_fused"]
 
 Update = Literal["auto", "fused", "inductor"]
 UPDATES: tuple[str, ...] = ("auto", "fused", "inductor")
@@ -52,16 +52,65 @@ def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for g in opt.param_groups for p in g["params"]]
 
 
-def fused_supported(opt: torch.optim.Optimizer) -> bool:
-    """Whether ``opt`` has a fused kernel for all its parameters (type, device and dtype)."""
+# The fused kernel each optimizer's fused implementation calls (AdamW's is Adam's with decoupled
+# weight decay, which calls _fused_adamw_).
+_FUSED_OPS: dict[str, str] = {
+    "Adam": "_fused_adam_",
+    "AdamW": "_fused_adamw_",
+    "SGD": "_fused_sgd_",
+    "Adagrad": "_fused_adagrad_",
+}
+
+
+def fused_kernel(opt: torch.optim.Optimizer, p: torch.Tensor) -> bool:
+    """Whether ``opt``'s fused implementation can update ``p``: a floating, dense tensor on a
+    device torch has this optimizer's fused kernel for. torch's list of fused devices is shared
+    by all optimizers, but not every kernel exists on every device (Adagrad's was CPU-only in
+    some releases; a CPU build has no CUDA kernels), so the dispatcher is asked where it can be."""
     from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
+    if not (p.is_floating_point() and not p.is_sparse):
+        return False
+    if p.device.type not in _get_fused_kernels_supported_devices():
+        return False
+    op = next((_FUSED_OPS[c.__name__] for c in type(opt).__mro__ if c.__name__ in _FUSED_OPS), None)
+    if op is None:
+        return True  # another optimizer with a ``fused`` flag: trust torch's device list
+    key = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xpu": "XPU", "hpu": "HPU"}.get(
+        p.device.type
+    )
+    if key is None:
+        return True
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", key))
+    except RuntimeError:  # the op does not exist in this torch
+        return False
+
+
+def fused_supported(opt: torch.optim.Optimizer) -> bool:
+    """Whether ``opt`` has a fused kernel for all its parameters (type, device and dtype)."""
     if "fused" not in opt.defaults or opt.defaults.get("differentiable"):
         return False
-    devices = _get_fused_kernels_supported_devices()
-    return all(
-        p.device.type in devices and p.is_floating_point() and not p.is_sparse for p in _params(opt)
-    )
+    return all(fused_kernel(opt, p) for p in _params(opt))
+
+
+def steps_for_fused(opt: torch.optim.Optimizer, params: Iterable[torch.Tensor]) -> None:
+    """Put the step counters of ``params`` where the fused kernels read them.
+
+    The for-loop update keeps Adam's and Adagrad's ``step`` as a CPU tensor (of the default
+    dtype); the fused kernels take a float32 tensor on the parameter's device, which is where
+    ``Optimizer.load_state_dict`` puts it for a fused optimizer. A plain number (an old
+    checkpoint) becomes such a tensor.
+    """
+    for p in params:
+        state = opt.state.get(p)
+        if not state or "step" not in state:
+            continue
+        step = state["step"]
+        if not isinstance(step, torch.Tensor):
+            state["step"] = torch.tensor(float(step), dtype=torch.float32, device=p.device)
+        elif step.device != p.device or step.dtype != torch.float32:
+            state["step"] = step.to(device=p.device, dtype=torch.float32)
 
 
 def prepare_optimizer(
@@ -99,11 +148,7 @@ def _to_fused(opt: torch.optim.Optimizer) -> None:
     for group in opt.param_groups:
         group["fused"] = True
         group["foreach"] = None
-    # Fused kernels keep Adam's step counter on the parameter's device (CPU otherwise).
-    for p in _params(opt):
-        step = opt.state.get(p, {}).get("step")
-        if isinstance(step, torch.Tensor) and step.device != p.device:
-            opt.state[p]["step"] = step.to(device=p.device, dtype=torch.float32)
+    steps_for_fused(opt, _params(opt))
     opt._need_device_dtype_check_for_fused = True  # type: ignore[attr-defined]
 
 
