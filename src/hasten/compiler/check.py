@@ -25,14 +25,16 @@ Tolerances (relative: ``||compiled - eager|| / max(||eager||, 1e-3 * largest nor
 =========  =========
 precision  tolerance
 =========  =========
-fp32       1e-3
+fp32       1e-2
 bf16       1e-1
 fp16       1e-1
 =========  =========
 
-fp32 kernels that only reorder sums agree to about 1e-6 on the test models; a miscompile shows as
-an error of order 1 (an all-zero gradient is 1.0). The floor keeps a near-zero gradient, whose
-rounding noise is large relative to itself, from failing the check.
+fp32 kernels that only reorder sums agree to about 1e-6 on the transformer test models, but a
+BatchNorm weight's gradient (a sum over the batch that nearly cancels) came out 5.4e-3 apart on a
+small ResNet-style CNN under every Inductor setting tried, which is rounding, not a miscompile; a
+miscompile shows as an error of order 1 (an all-zero gradient is exactly 1.0). The floor keeps a
+near-zero gradient, whose rounding noise is large relative to itself, from failing the check.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ __all__ = [
     "write_reproducer",
 ]
 
-TOLERANCES: dict[str, float] = {"fp32": 1e-3, "bf16": 1e-1, "fp16": 1e-1}
+TOLERANCES: dict[str, float] = {"fp32": 1e-2, "bf16": 1e-1, "fp16": 1e-1}
 _FLOOR = 1e-3
 
 

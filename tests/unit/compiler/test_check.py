@@ -3,7 +3,7 @@ settings, run eagerly if none agrees, and reported; the check itself leaves no t
 
 The miscompile is planted as a hasten graph pass that detaches an activation: the outputs stay
 right, the gradients of every layer before it become zero (what the CNN case looks like).
-Tolerances: fp32, relative 1e-3 (``hasten.compiler.check.TOLERANCES``); gradients that must equal
+Tolerances: fp32, relative 1e-2 (``hasten.compiler.check.TOLERANCES``); gradients that must equal
 eager's are compared at torch's default fp32 tolerances.
 """
 
