@@ -68,7 +68,7 @@ def compile(
     verify_first_call: bool | _Unset = UNSET,
     cache_dir: str | os.PathLike[str] | _Unset | None = UNSET,
     fix_known_traps: bool | _Unset = UNSET,
-    fuse_optimizer: bool | _Unset = UNSET,
+    fused_optimizer: bool | _Unset = UNSET,
     warn_recompiles: int | _Unset = UNSET,
     regions: Regions | _Unset = UNSET,
     steps: int | _Unset | None = UNSET,
@@ -88,7 +88,7 @@ def compile(
             it wraps is compiled (see :mod:`hasten.compiler.traps`).
         config: A :class:`CompileConfig`; ``None`` for the defaults.
         mode, precision, passes, dynamic, fullgraph, fallback, verify_first_call, cache_dir,
-        fix_known_traps, fuse_optimizer,
+        fix_known_traps, fused_optimizer,
         warn_recompiles, regions, steps, start, rank_wait_s, inductor_options: The
             :class:`CompileConfig` fields of the same name
             (documented there; validated there, when the config is built). Each one given
@@ -121,7 +121,7 @@ def compile(
         "verify_first_call": verify_first_call,
         "cache_dir": cache_dir,
         "fix_known_traps": fix_known_traps,
-        "fuse_optimizer": fuse_optimizer,
+        "fused_optimizer": fused_optimizer,
         "warn_recompiles": warn_recompiles,
         "regions": regions,
         "steps": steps,
@@ -150,7 +150,7 @@ def compile(
     _RECORDS[target] = record
     if target is not model:
         _RECORDS[model] = record
-    watch_optimizers(target, cfg.fuse_optimizer)  # its optimizer steps fused (optimizer.py)
+    watch_optimizers(target, cfg.fused_optimizer)  # its optimizer steps fused (optimizer.py)
     return model
 
 

@@ -139,7 +139,7 @@ class CompileConfig:
     (e.g. set Transformers' ``loss_type`` to the default it falls back to, so the warning it logs
     inside ``forward`` no longer breaks the graph). Each fix is reported by ``hasten.explain``."""
 
-    fuse_optimizer: bool = True
+    fused_optimizer: bool = True
     """Step the model's optimizer with its fused kernel: an ``Adam``, ``AdamW``, ``SGD`` or
     ``Adagrad`` over this model's parameters whose param groups leave ``fused``/``foreach`` to
     PyTorch switches to ``fused=True`` before its first step (one multi-tensor update instead of
@@ -197,7 +197,7 @@ class CompileConfig:
         _one_of("fallback", self.fallback, FALLBACKS)
         _one_of("regions", self.regions, REGIONS)
         _one_of("start", self.start, STARTS)
-        for name in ("fullgraph", "fix_known_traps", "verify_first_call", "fuse_optimizer"):
+        for name in ("fullgraph", "fix_known_traps", "verify_first_call", "fused_optimizer"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"CompileConfig.{name} must be True or False")
         if self.dynamic is not None and not isinstance(self.dynamic, bool):

@@ -25,7 +25,7 @@ What is left as it is:
   its own device, so a group split across devices is fused only when every device has it);
 * an optimizer prepared by ``hasten.compile_step``, other optimizer classes (subclasses
   included: their ``step`` may not be the one that reads ``fused``), an optimizer whose
-  parameters belong to a model compiled with ``fuse_optimizer=False``, and steps traced by
+  parameters belong to a model compiled with ``fused_optimizer=False``, and steps traced by
   TorchDynamo (a ``torch.compile``-d ``optimizer.step``).
 
 State already there (an optimizer that stepped before, or one loaded from a checkpoint) is kept;
@@ -76,7 +76,7 @@ _handle: Any = None  # the global pre-hook's RemovableHandle while one is regist
 def watch(model: nn.Module, fuse: bool) -> None:
     """Note a hasten-compiled ``model``: optimizers of its parameters are fused when ``fuse``.
 
-    ``fuse=False`` (``CompileConfig.fuse_optimizer``) keeps an optimizer of its parameters as
+    ``fuse=False`` (``CompileConfig.fused_optimizer``) keeps an optimizer of its parameters as
     the user made it, whatever other models it also trains.
     """
     global _generation, _handle
@@ -169,7 +169,7 @@ def _consider(opt: torch.optim.Optimizer) -> None:
             f"{'' if total == 1 else 's'}"
             + (f"; {left} left as set" if left else "")
             + "): one multi-tensor update instead of a loop over the parameters; "
-            "hasten.compile(model, fuse_optimizer=False) keeps the optimizer as made"
+            "hasten.compile(model, fused_optimizer=False) keeps the optimizer as made"
         )
 
 

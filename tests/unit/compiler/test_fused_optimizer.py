@@ -65,14 +65,14 @@ def test_the_optimizer_of_a_compiled_model_steps_fused_with_the_same_numbers(cls
     _assert_same(eager, compiled)
 
 
-def test_fuse_optimizer_false_keeps_the_optimizer_as_made():
-    model = hasten.compile(_model(), fuse_optimizer=False)
+def test_fused_optimizer_false_keeps_the_optimizer_as_made():
+    model = hasten.compile(_model(), fused_optimizer=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     _train(model, opt, 1)
     assert opt.param_groups[0]["fused"] is None
-    assert hasten.CompileConfig(fuse_optimizer=False).fuse_optimizer is False
-    with pytest.raises(TypeError, match="fuse_optimizer must be True or False"):
-        hasten.CompileConfig(fuse_optimizer="yes")
+    assert hasten.CompileConfig(fused_optimizer=False).fused_optimizer is False
+    with pytest.raises(TypeError, match="fused_optimizer must be True or False"):
+        hasten.CompileConfig(fused_optimizer="yes")
 
 
 def test_explicit_user_choices_are_kept_and_defaults_in_other_groups_switch():
@@ -200,7 +200,7 @@ def test_said_once_in_the_log(caplog):
     assert lines == [
         "hasten: AdamW steps with its fused kernel on cpu (1 of 1 param group): one "
         "multi-tensor update instead of a loop over the parameters; "
-        "hasten.compile(model, fuse_optimizer=False) keeps the optimizer as made"
+        "hasten.compile(model, fused_optimizer=False) keeps the optimizer as made"
     ]
 
 
