@@ -589,8 +589,11 @@ def compile_trainer(
             ``train()``).
         config: A :class:`hasten.CompileConfig` (``None``: the defaults).
         fused_optimizer: Switch ``TrainingArguments.optim="adamw_torch"`` (the for-loop AdamW,
-            Transformers' default before 4.55) to ``"adamw_torch_fused"``, logging it. Optimizers
-            you passed to the Trainer yourself, and other ``optim`` values, are kept.
+            Transformers' default before 4.55) to ``"adamw_torch_fused"``, logging it. Other
+            ``optim`` values and optimizers you passed to the Trainer are not renamed; the
+            compiled model's Adam/AdamW/SGD/Adagrad among them still step fused where their
+            flags leave it to PyTorch (``hasten.compile``'s ``fused_optimizer``).
+            ``False`` turns both off.
         **settings: ``hasten.compile`` keywords, e.g. ``precision="bf16"``.
 
     Returns:
@@ -620,7 +623,14 @@ def compile_trainer(
             steps = _training_calls(trainer)
             if steps is not None:
                 settings = {**settings, "steps": steps}  # regions="auto" plans for the run
+        if not fused_optimizer:  # the compiler's own switch to fused kernels, off too
+            settings = {**settings, "fused_optimizer": False}
         hasten.compile(trainer.model, config, **settings)
+    else:
+        if not fused_optimizer:
+            from hasten.compiler.optimizer import watch
+
+            watch(trainer.model, False)
     _turn_off_trainer_compile(trainer)
     if fused_optimizer:
         _prefer_fused_optimizer(trainer)
