@@ -253,3 +253,12 @@ def weakref_to(obj):
     import weakref
 
     return weakref.ref(obj)
+
+
+def test_a_group_split_across_devices_is_fused_only_where_every_device_has_the_kernel():
+    model = hasten.compile(_model())
+    elsewhere = nn.Parameter(torch.zeros(3, device="meta"))  # a device without a fused kernel
+    first, second = list(model[0].parameters()), list(model[2].parameters())
+    opt = torch.optim.AdamW([{"params": first}, {"params": [*second, elsewhere]}], lr=1e-3)
+    fuse._pre_step(opt, (), {})  # what the hook does before the first step
+    assert [g["fused"] for g in opt.param_groups] == [True, None]
