@@ -6,7 +6,7 @@ builds. Per process: the first training step (forward, backward, AdamW: it compi
 the check on, checks), the check's own seconds as the compile report states them (the eager run,
 the comparison and one more compiled step), and the second step. Rounds alternate on/off.
 
-    python benchmarks/check_cost.py [rounds]     # writes results/check-cost.json
+    python benchmarks/check_cost.py [rounds] [cnn] [gpt2]   # writes results/check-cost.json
 """
 
 from __future__ import annotations
@@ -65,13 +65,18 @@ def run(which: str, verify: str, env: dict[str, str]) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
-def main(rounds: int) -> None:
+def main(rounds: int, models: tuple[str, ...] = ("cnn", "gpt2")) -> None:
     sys.path.insert(0, str(HERE.parent / "src"))
     from hasten.bench.machine import machine_stamp
 
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="hasten-check-cost-"))
     record: dict = {"machine": machine_stamp(), "load_before": os.getloadavg(), "models": {}}
-    for which in ("cnn", "gpt2"):
+    out = HERE / "results" / "check-cost.json"
+    if out.exists():  # a run of some models keeps the others' record
+        old = json.loads(out.read_text())
+        record["models"] = {k: v for k, v in old.get("models", {}).items() if k not in models}
+        record["earlier_machine"] = old.get("machine")
+    for which in models:
         t0 = time.perf_counter()
         cold = run(which, "on", env)  # fills the cache; the check's result also tells a mismatch
         rows: dict[str, list[dict]] = {"on": [], "off": []}
@@ -99,10 +104,9 @@ def main(rounds: int) -> None:
         record["models"][which] = summary
         print(which, json.dumps({k: v for k, v in summary.items() if k not in ("raw", "checks")}))
     record["load_after"] = os.getloadavg()
-    out = HERE / "results" / "check-cost.json"
     out.write_text(json.dumps(record, indent=1) + "\n")
     print("wrote", out)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3, tuple(sys.argv[2:]) or ("cnn", "gpt2"))
