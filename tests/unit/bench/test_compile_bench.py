@@ -78,7 +78,7 @@ def test_every_candidate_says_what_it_runs():
     assert list(cands) == list(CANDIDATES)
     assert cands["torch.compile+fused-AdamW"].info["optimizer"] == "AdamW(lr=1e-4, fused=True)"
     assert cands["torch.compile"].info["optimizer"] == "AdamW(lr=1e-4)"
-    assert cands["hasten.compile"].info["optimizer"] == "AdamW(lr=1e-4)"
+    assert "fused by hasten.compile" in cands["hasten.compile"].info["optimizer"]
     assert "compile_step" in cands["hasten.compile+compile_step"].info["optimizer"]
 
 
