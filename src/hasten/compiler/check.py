@@ -5,7 +5,7 @@ nothing says why. So the first time a compiled variant of a region runs (trainin
 ...), hasten runs it twice more on that same batch, compiled and eagerly, from the same state,
 and compares what came out::
 
-    snapshot: RNG state (CPU and CUDA), the region's buffers (BatchNorm statistics)
+    snapshot: RNG state (torch's CPU and CUDA, Python's, NumPy's), the region's buffers
     compiled(module, batch copy)  -> outputs, gradients of a random projection of them
     restore; eager(module, batch copy) -> the same
     restore; compare, per output and per gradient (parameters and inputs that require grad)
@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -56,6 +58,7 @@ __all__ = [
     "CheckResult",
     "GraphSource",
     "check_call",
+    "draws_host_randomness",
     "graph_source",
     "has_active_dropout",
     "known_cause",
@@ -109,8 +112,15 @@ class _Snapshot:
             else []
         )
         self.buffers = [(b, b.detach().clone()) for b in module.buffers() if b is not None]
+        # models draw from Python's and NumPy's generators too (Wav2Vec2's SpecAugment masks)
+        self.py = random.getstate()
+        numpy = sys.modules.get("numpy")
+        self.np = numpy.random.get_state() if numpy is not None else None
 
     def restore(self) -> None:
+        random.setstate(self.py)
+        if self.np is not None:
+            sys.modules["numpy"].random.set_state(self.np)
         torch.set_rng_state(self.cpu)
         for i, state in enumerate(self.cuda):
             torch.cuda.set_rng_state(state, i)
@@ -132,6 +142,39 @@ def stateful_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         if not isinstance(leaf, _PLAIN) and not callable(leaf):
             return type(leaf).__name__
     return None
+
+
+def draws_host_randomness(
+    eager: Callable[..., Any], module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> bool:
+    """Whether ``module``'s eager call draws from Python's or NumPy's generator.
+
+    TorchDynamo traces NumPy's random functions as torch's (``use_numpy_random_stream`` off), so
+    such a model's compiled draws differ from eager's by design and the two cannot be compared:
+    the eager call is run twice from one state, once with those generators reseeded.
+    """
+    snap = _Snapshot(module)
+    try:
+        with torch.no_grad():
+            first = _copy_batch(args, kwargs)
+            out1 = eager(module, *first[0], **first[1])
+            snap.restore()
+            random.seed(12345)
+            numpy = sys.modules.get("numpy")
+            if numpy is not None:
+                numpy.random.seed(12345)
+            second = _copy_batch(args, kwargs)
+            out2 = eager(module, *second[0], **second[1])
+    finally:
+        snap.restore()
+    a, b = pytree.tree_leaves(out1), pytree.tree_leaves(out2)
+    pairs = [
+        (f"output {i}", x, y)
+        for i, (x, y) in enumerate(zip(a, b))
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.is_floating_point()
+    ]
+    _, same, _ = _compare(pairs, TOLERANCES["fp32"])
+    return not same
 
 
 def has_active_dropout(module: nn.Module) -> bool:
