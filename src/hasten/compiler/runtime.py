@@ -223,15 +223,19 @@ class CompiledCode:
             self.plan.compiled_seconds(time.perf_counter() - t0)
         self.plan.finished(variant, grad, t0, compiled_now)
         if first and before is not None and not self.record.graphs and not self.failed:
-            reason = nothing_compiled_reason(before)
-            with self.record.lock:
-                self.record.fixes.append(f"nothing was compiled: {reason}")
-            _warn(
-                f"hasten: compiling {self.label} captured no graph, so it runs eagerly "
-                f"(no speed-up). {reason}. hasten.explain(model, ...) shows more.",
-                HastenCompileWarning,
-            )
+            self.warn_nothing_compiled(before)
         return out
+
+    def warn_nothing_compiled(self, before: Counter[str]) -> None:
+        """Record and warn that compiling captured no graph (``before``: Dynamo's tally then)."""
+        reason = nothing_compiled_reason(before)
+        with self.record.lock:
+            self.record.fixes.append(f"nothing was compiled: {reason}")
+        _warn(
+            f"hasten: compiling {self.label} captured no graph, so it runs eagerly "
+            f"(no speed-up). {reason}. hasten.explain(model, ...) shows more.",
+            HastenCompileWarning,
+        )
 
     def _run_compiled(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], variant: str
@@ -316,7 +320,12 @@ class CompiledCode:
         variant: str,
     ) -> Any:
         """The first call of ``variant``, checked against eager first (see check.py)."""
-        from hasten.compiler.check import check_call, has_active_dropout, stateful_input
+        from hasten.compiler.check import (
+            check_call,
+            draws_host_randomness,
+            has_active_dropout,
+            stateful_input,
+        )
 
         state = stateful_input(args, kwargs)
         if state is not None:
@@ -357,8 +366,6 @@ class CompiledCode:
             self._note_check(variant, f"{result.describe()}; the check took {cost:.2f} s")
             self._check_note = f"checked against eager in {cost:.1f} s"
             return out
-        from hasten.compiler.check import draws_host_randomness
-
         if draws_host_randomness(self.eager, module, args, kwargs):
             self._note_check(
                 variant,
@@ -651,14 +658,7 @@ class CompiledForward:
             and self.code.config.start != "eager"
             and not planned
         ):
-            reason = nothing_compiled_reason(before)
-            with record.lock:
-                record.fixes.append(f"nothing was compiled: {reason}")
-            _warn(
-                f"hasten: compiling {self.code.label} captured no graph, so it runs eagerly "
-                f"(no speed-up). {reason}. hasten.explain(model, ...) shows more.",
-                HastenCompileWarning,
-            )
+            self.code.warn_nothing_compiled(before)
         return out
 
 
