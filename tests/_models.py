@@ -30,6 +30,26 @@ def tiny_bert_classifier(**config: Any) -> nn.Module:
     return transformers.BertForSequenceClassification(cfg)
 
 
+def tiny_vit_config(**config: Any) -> Any:
+    """A one-layer, 16-wide ``ViTConfig`` over 16x16 images in 8x8 patches (4 patches).
+
+    ``config`` overrides fields (``num_labels``, dropout probabilities). Needs ``transformers``.
+    """
+    import transformers
+
+    return transformers.ViTConfig(
+        **{
+            "hidden_size": 16,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 16,
+            "image_size": 16,
+            "patch_size": 8,
+            **config,
+        }
+    )
+
+
 class TinyLM(nn.Module):
     """Returns the loss and the logits it came from, as Transformers language models do."""
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import hasten
+from tests._models import tiny_vit_config
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -87,16 +88,7 @@ def test_breaks_of_other_compiles_are_not_in_the_report():
 def test_vit_sets_problem_type_before_its_loss_does_and_compiles_once():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.ViTConfig(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=16,
-        image_size=16,
-        patch_size=8,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    cfg = tiny_vit_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     model = transformers.ViTForImageClassification(cfg)
     hasten.compile(model, regions="whole", fallback="raise", warn_recompiles=1)
     g = torch.Generator().manual_seed(0)

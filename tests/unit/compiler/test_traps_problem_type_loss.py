@@ -14,21 +14,13 @@ import torch
 from torch import nn
 
 from hasten.compiler.traps import call_fixes
+from tests._models import tiny_vit_config
 
 transformers = pytest.importorskip("transformers")
 
 
 def _vit(num_labels: int) -> nn.Module:
-    cfg = transformers.ViTConfig(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=16,
-        image_size=16,
-        patch_size=8,
-        num_labels=num_labels,
-    )
-    return transformers.ViTForImageClassification(cfg)
+    return transformers.ViTForImageClassification(tiny_vit_config(num_labels=num_labels))
 
 
 def _swin(num_labels: int) -> nn.Module:
@@ -96,14 +88,5 @@ def test_a_loss_function_that_never_reads_problem_type_is_left_alone():
     model = _vit(2)
     model.loss_function = lambda labels, logits, config, **kw: logits.sum()  # the user's own
     assert call_fixes(model) == ([], [])
-    masked = transformers.ViTForMaskedImageModeling(
-        transformers.ViTConfig(
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=16,
-            image_size=16,
-            patch_size=8,
-        )
-    )
+    masked = transformers.ViTForMaskedImageModeling(tiny_vit_config())
     assert call_fixes(masked) == ([], [])  # its loss has nothing to do with problem_type
