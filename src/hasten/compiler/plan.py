@@ -6,9 +6,11 @@ compiling at all. ``regions="auto"`` (the default) decides per region and per va
 evaluation, scoring) from what it can know:
 
 * **The run's length is known** (``steps=`` given to ``hasten.compile``, or passed by a trainer
-  integration): the first call runs eagerly and is timed (from its start to the next call of the
-  same variant: forward, backward, optimizer step). At the second call hasten compiles if the
-  steps left, at the share of a step a compile saves, save more than the compile costs::
+  integration): the first two calls run eagerly and are timed (each from its start to the next
+  call of the same variant: forward, backward, optimizer step); the shorter counts, since a
+  first call carries one-off costs (the demo's first step took 0.65 s, its later ones 0.17 s).
+  At the third call hasten compiles if the steps left, at the share of a step a compile saves,
+  save more than the compile costs::
 
       steps_left * eager_step * gain  >  expected_compile
 
@@ -52,6 +54,7 @@ PRIOR_S = 8.0
 PER_MODULE_S = 0.15
 PRIOR_GAIN = 0.2  # a compiled step 20 % shorter than eager's (1.25x): the low end measured
 _CHECK_CALLS = 5  # compiled calls timed before comparing with eager
+_TIMED_STEPS = 2  # eager steps timed before a known-length plan decides
 _HISTORY = "hasten-plan.json"
 _LOCK = threading.Lock()
 
@@ -148,16 +151,16 @@ class Plan:
 
     def _decide(self, variant: str, v: VariantPlan, grad: bool) -> str:
         if self.steps is not None and grad:
-            if not v.eager_times:
+            if len(v.eager_times) < _TIMED_STEPS:
                 if v.calls == 1:
                     self._note(
-                        f"{self.label} ({variant}): the first step runs eagerly and is timed, to "
+                        f"{self.label} ({variant}): the first steps run eagerly and are timed, to "
                         f"plan for the run's {self.steps} steps (a compile is expected to take "
                         f"~{self.expected_s:.0f} s, {self.source})"
                     )
                 return "eager"
             left = max(self.steps - v.calls + 1, 0)
-            step = statistics.median(v.eager_times)
+            step = min(v.eager_times)  # a first call's one-off costs are no step's
             saved = left * step * self.gain
             if saved > self.expected_s:
                 self._note(

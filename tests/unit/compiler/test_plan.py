@@ -49,9 +49,10 @@ def test_a_known_short_run_never_compiles(clock, tmp_path):
     assert any("runs eagerly for this run" in n for n in p.notes)
 
 
-def test_a_known_long_run_compiles_at_the_second_call(clock, tmp_path):
+def test_a_known_long_run_compiles_at_the_third_call(clock, tmp_path):
     p = Plan("k", "Net", prior_s=20.0, steps=10_000, history_dir=str(tmp_path))
-    assert _step(p, clock, 0.1) is False  # the first step runs eagerly, to be timed
+    assert _step(p, clock, 0.1) is False  # the first two steps run eagerly, to be timed
+    assert _step(p, clock, 0.1) is False
     assert _step(p, clock, 0.1) is True
     assert any("compiling:" in n for n in p.notes)
 
@@ -136,7 +137,14 @@ def test_planned_runs_short_eager_and_long_compiled_with_eagers_numerics(tmp_pat
     assert hasten.compiler.compile_report(short).graph_count == 0  # a 6-step run: not worth it
     eager, long = _mlp(), hasten.compile(_mlp(), steps=10**7, cache_dir=tmp_path)
     _train(eager, 6)
-    _train(long, 6)  # step 1 eager, compiled from step 2: the swap must not change the result
+    _train(long, 6)  # steps 1-2 eager, compiled from step 3: the swap must not change the result
     assert hasten.compiler.compile_report(long).graph_count == 1
     for (name, pe), pc in zip(eager.named_parameters(), long.parameters()):
         torch.testing.assert_close(pc, pe, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_slow_first_step_does_not_make_a_short_run_compile(clock, tmp_path):
+    # the demo's case: a first step 4x its later ones must not be what the plan extrapolates
+    p = Plan("k", "Net", prior_s=25.0, steps=530, history_dir=str(tmp_path))
+    got = [_step(p, clock, 0.65)] + [_step(p, clock, 0.17) for _ in range(529)]
+    assert not any(got)  # 528 x 0.17 s x 20 % ~ 18 s < 25 s (with 0.65 s it was ~69 s)
