@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import hasten
+from hasten.compiler.hooks.dynamo import recompile_limit_patch
 from hasten.compiler.runtime import RecompileWarning
 
 pytestmark = pytest.mark.slow
@@ -152,7 +153,7 @@ def test_recompile_limit_warns_that_torch_falls_back_to_eager():
     model = hasten.compile(PythonCounter(), dynamic=False, warn_recompiles=0, regions="whole")
     x = torch.randn(2, 4)
     with (
-        torch._dynamo.config.patch(recompile_limit=2),
+        recompile_limit_patch(2),
         warnings.catch_warnings(record=True) as caught,
     ):
         warnings.simplefilter("always")

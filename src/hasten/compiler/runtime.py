@@ -41,6 +41,7 @@ from torch import nn
 
 from hasten.compiler.backend import HastenBackend
 from hasten.compiler.config import CompileConfig
+from hasten.compiler.hooks import dynamo as dynamo_hooks
 from hasten.compiler.precision import autocast_dtype, with_autocast
 from hasten.compiler.ranks import rank_gate
 from hasten.compiler.report import CompileRecord, Recompile, compile_line, log_line
@@ -551,20 +552,22 @@ class CompiledCode:
         """Record the guard failures of this call; return the first one (``None``: none)."""
         if not self._pending:  # the common case: every step after the first
             return None
-        import torch._dynamo.config as dynamo_config
-
         pending, self._pending = self._pending, []
         by_code: dict[str, list[str]] = {}
         for code, guard in pending:
             by_code.setdefault(code, []).append(guard)
-        limit = dynamo_config.recompile_limit
+        # None on a torch whose limit hasten cannot read: recompiles are recorded, and the
+        # warnings speak of "torch's recompile limit" without its number. Read here, in the
+        # caller's ``finally``: it must never raise.
+        limit = dynamo_hooks.recompile_limit()
+        at = "torch's recompile limit" if limit is None else f"torch's recompile limit ({limit})"
         for code, guards in by_code.items():
             with self.record.lock:
                 self.record.recompiles.append(Recompile(code, guards[0]))
                 causes = [r.guard for r in self.record.recompiles if r.function == code]
-            if len(guards) >= limit:  # every cached graph failed and there is no room for more
+            if limit is not None and len(guards) >= limit:  # every cached graph failed, no room
                 _warn(
-                    f"hasten: {self.label} ({code}) hit torch's recompile limit ({limit}); "
+                    f"hasten: {self.label} ({code}) hit {at}; "
                     f"TorchDynamo now runs it eagerly. Guard that failed: {_short(guards[0])}. "
                     "Make the changing value a tensor, or pass dynamic=True for changing shapes.",
                     RecompileWarning,
@@ -572,7 +575,7 @@ class CompiledCode:
             elif self.config.warn_recompiles and len(causes) == self.config.warn_recompiles:
                 _warn(
                     f"hasten: {self.label} ({code}) was recompiled {len(causes)} times; at "
-                    f"{limit} torch stops compiling it and runs it eagerly. Guards that failed: "
+                    f"{at} TorchDynamo stops compiling it and runs it eagerly. Guards that failed: "
                     + "; ".join(_short(c) for c in causes[:3])
                     + ". Changing shapes: pass dynamic=True or pad to a few lengths; a changing "
                     "Python number: make it a tensor. hasten.explain(model, ...) shows more.",
