@@ -445,9 +445,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
     if any("compile" in run for run in args.runs):
         print(
-            "hasten.compile compiles before its run's clock starts: on a CPU it builds C++ "
-            "kernels, tens of seconds in a new cache even for a small model, a few seconds once "
-            "cached (the next demo); the table shows compile seconds apart."
+            "hasten.compile runs as in your script: it times two eager steps, compiles only if "
+            "the run's remaining steps pay the compile back (on a CPU, C++ kernels: tens of "
+            "seconds in a new cache, a few once cached), and the table shows compile seconds "
+            "apart and the total you wait for."
         )
     bar = tqdm(desc="training (runs interleaved)", unit=" evals", disable=args.no_progress)
 
