@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 
 import pytest
 import torch
@@ -153,7 +154,7 @@ def test_trainer_sifts_with_exact_steps_and_accumulation(tmp_path):
 @pytest.mark.slow
 def test_trainer_set_epochs_trains_the_planned_fixed_length_epochs(tmp_path):
     ga, epochs = 2, 2
-    trainer = transformers.Trainer(
+    trainer = RecordingTrainer(
         model=_model(),
         args=_args(tmp_path, gradient_accumulation_steps=ga, num_train_epochs=epochs),
         train_dataset=TokenDataset(48),  # 12 batches of 4 per data pass
@@ -163,12 +164,73 @@ def test_trainer_set_epochs_trains_the_planned_fixed_length_epochs(tmp_path):
     )
     out = trainer.train()
     loader = trainer.callback_handler.train_dataloader
-    # pass 0: 4 delayed + 8 * 4 / 2 / 4 = 4 -> 8; pass 1: 6 -> 14 over 2 epochs -> 7 per epoch
-    assert len(loader) == 7
-    assert out.global_step == epochs * 4  # ceil(7 / 2) optimizer steps per epoch
-    assert loader.stats.num_batches_out == epochs * 7
+    # pass 0: 4 delayed + 8 * 4 / 2 / 4 = 4 -> 8; pass 1: 6 -> 14, + 1 headroom over 2 epochs
+    assert len(loader) == 8 and trainer.state.max_steps == epochs * 4
+    assert loader.finished or loader.stats.num_batches_out == epochs * 8
+    # the last epoch ends with the second pass, at a whole optimizer step (of ga micro-batches,
+    # the next pass completing it), within the plan
+    assert len(trainer.micro) == loader.stats.num_batches_out <= epochs * 8
+    assert len(trainer.micro) % ga == 0 and out.global_step == len(trainer.micro) // ga
     assert trainer.state.epoch == pytest.approx(epochs)
-    assert loader.data_epoch >= 1  # the second data pass started
+    assert loader.data_epoch >= 1  # the second data pass ran
+
+
+class RowDataset(torch.utils.data.Dataset):
+    """Rows {"x", "labels"} that record the index of every row loaded, in order."""
+
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.rand(n, 4, generator=g)
+        self.drawn: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        self.drawn.append(int(i))
+        return {"x": self.x[i], "labels": torch.tensor(i % 3)}
+
+
+class RowModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 3)
+
+    def forward(self, x, labels=None):
+        logits = self.net(x)
+        loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
+        return {"loss": loss, "logits": logits}
+
+
+def _row_loss(model, batch):
+    return torch.nn.functional.cross_entropy(
+        model(batch["x"])["logits"], batch["labels"], reduction="none"
+    )
+
+
+@pytest.mark.slow
+def test_a_fit_by_epochs_ends_on_its_last_pass_boundary_within_5_percent_of_the_plan(tmp_path):
+    # issue 19: fixed-length epochs used to cut the last pass (1152 + 1168 of 2 x 1200 drawn)
+    n, epochs = 1200, 2
+    dataset = RowDataset(n)
+    trainer = transformers.Trainer(
+        model=RowModel(),
+        args=_args(tmp_path, per_device_train_batch_size=16, num_train_epochs=epochs),
+        train_dataset=dataset,
+    )
+    enable_sifting(trainer, _config(delay=4, beta=1.0), loss=_row_loss, set_epochs=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the plan did not cut the last pass
+        out = trainer.train()
+    loader = trainer.callback_handler.train_dataloader
+    assert loader.finished
+    assert len(dataset.drawn) == epochs * n  # two whole passes, nothing of a third
+    for p in range(epochs):
+        assert sorted(dataset.drawn[p * n : (p + 1) * n]) == list(range(n))
+    s = loader.stats
+    assert s.num_orig_samples_kept == s.num_samples_yielded  # every kept sample trained on
+    assert 0.95 * trainer.state.max_steps <= out.global_step <= trainer.state.max_steps
+    assert trainer.state.epoch == pytest.approx(epochs)
 
 
 def test_enable_sifting_rejects_bad_setups(tmp_path):

@@ -18,23 +18,39 @@ sifted batches, one data pass after another, and cuts that stream into epochs of
 Every epoch has the length the trainer planned for, every kept sample is trained on, and a data
 pass that straddles two epochs simply continues. ``epoch_length`` defaults to the expected
 length of a pass at the configured keep rate (:func:`expected_batches`), so an epoch is about one
-data pass. Data passes are driven here: pass ``p`` calls ``loader.set_epoch(p)`` (which reaches a
+data pass.
+
+A fit by epochs trains whole data passes, as SageMaker's loader does (``finish_passes=True``,
+which the Hugging Face and Lightning integrations set when they train by epochs): the stream
+ends with its last pass, so the last epoch is cut short there, and the default epoch length
+plans a little more than the passes are expected to yield
+(:func:`~hasten.sifting.core.length.fit_headroom`: at most 2.5 % more), so that they fit::
+
+    data passes  |---- pass 0 ----|--- pass 1 ---|
+    epochs       |---- epoch 0 -----|- epoch 1 -|     (epoch 1 ends with pass 1: the fit's end)
+
+The fit takes within 2.5 % of the steps it planned when the passes keep what the rule is
+expected to keep; if they keep more than the plan holds, the plan's end cuts the last pass, with
+a warning naming how much of it was left. Data passes are driven here: pass ``p`` calls ``loader.set_epoch(p)`` (which reaches a
 ``DistributedSampler``) before it starts; the trainer's own epoch number is recorded, not
 forwarded.
 
 Under ``torch.distributed`` every rank must build the same ``SiftedEpochs`` (same config, same
 shard length): the epoch length is computed from the config, never from what a rank has kept, and
 checked across ranks once with one ``all_gather``. Batches go through one to one, so every rank
-pulls the same number of batches from the sifting loader, whose own collectives stay in step.
+pulls the same number of batches from the sifting loader, whose own collectives stay in step; a
+data pass yields the same number of batches on every rank, so a fit that finishes its passes
+ends at the same batch everywhere.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from hasten.sifting._stream import PassStream
+from hasten.sifting._stream import END, PassStream
 from hasten.sifting.core import length as length_rule
 from hasten.sifting.core.dist import all_gather_ints
 from hasten.sifting.loader import SiftingDataloader
@@ -57,17 +73,22 @@ def expected_batches(loader: SiftingDataloader, passes: int = 1, *, delay: bool 
     """
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise ValueError(f"passes must be an int >= 1, got {passes!r}")
+    return length_rule.expected_batches(**_length_args(loader, passes, delay))
+
+
+def _length_args(loader: SiftingDataloader, passes: int, delay: bool = True) -> dict[str, Any]:
+    """The length rule's arguments for ``passes`` passes of ``loader``."""
     fix = "pass epoch_length=<batches per epoch>"
     shape = loader._pass_shape(no_length_fix=f"train by steps and {fix}", no_batch_size_fix=fix)
     cfg = loader.sift_config
-    return length_rule.expected_batches(
-        shape,
-        loader._nominal_keep_rate,
-        sift_delay=cfg.sift_delay if delay else 0,
-        repeat_delay_per_epoch=cfg.repeat_delay_per_epoch,
-        passes=passes,
-        out_batch_size=loader._pos.out_batch_size,
-    )
+    return {
+        "shape": shape,
+        "rate": loader._nominal_keep_rate,
+        "sift_delay": cfg.sift_delay if delay else 0,
+        "repeat_delay_per_epoch": cfg.repeat_delay_per_epoch,
+        "passes": passes,
+        "out_batch_size": loader._pos.out_batch_size,
+    }
 
 
 class SiftedEpochs:
@@ -84,22 +105,51 @@ class SiftedEpochs:
             batches as ``passes`` data passes, sift delay included).
         passes: How many data passes the default ``epoch_length`` averages over (e.g. the
             trainer's number of epochs); 1 counts the first pass only.
+        finish_passes: The fit is ``passes`` whole data passes (a trainer by epochs): the
+            stream ends when the last one does, cutting that epoch short, and the default
+            ``epoch_length`` adds the headroom of
+            :func:`~hasten.sifting.core.length.fit_headroom` (see the module docstring).
+        step_multiple: With ``finish_passes``, the epoch the stream ends in still holds a
+            multiple of this many batches (or ``epoch_length``), drawn from the next pass when
+            the last one ends inside an optimizer step: the trainer's gradient accumulation
+            steps, so no micro-batch of the last step is left unapplied.
 
     Attributes:
         loader: The sifting loader.
         data_epoch: Index of the data pass in progress (or last finished); -1 before the first.
         epoch: The last value given to :meth:`set_epoch` (the trainer's epoch), ``None`` before.
+        finished: With ``finish_passes``, whether the fit's last pass was seen to end (when
+            a batch was asked for after it; later epochs yield nothing, and a trainer adapter
+            stops training).
     """
 
     def __init__(
-        self, loader: SiftingDataloader, epoch_length: int | None = None, *, passes: int = 1
+        self,
+        loader: SiftingDataloader,
+        epoch_length: int | None = None,
+        *,
+        passes: int = 1,
+        finish_passes: bool = False,
+        step_multiple: int = 1,
     ) -> None:
         if not isinstance(loader, SiftingDataloader):
             raise TypeError(
                 f"SiftedEpochs wraps a hasten SiftingDataloader, got {type(loader).__name__}"
             )
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"passes must be an int >= 1, got {passes!r}")
+        if not isinstance(finish_passes, bool):
+            raise TypeError(f"finish_passes must be True or False, got {finish_passes!r}")
+        if isinstance(step_multiple, bool) or not isinstance(step_multiple, int):
+            raise TypeError(f"step_multiple must be an int, got {type(step_multiple).__name__}")
+        if step_multiple < 1:
+            raise ValueError(f"step_multiple must be >= 1, got {step_multiple}")
         if epoch_length is None:
-            epoch_length = max(1, math.ceil(expected_batches(loader, passes) / passes))
+            args = _length_args(loader, passes)
+            planned = length_rule.expected_batches(**args)
+            if finish_passes:
+                planned += length_rule.fit_headroom(**args)
+            epoch_length = max(1, math.ceil(planned / passes))
         elif isinstance(epoch_length, bool) or not isinstance(epoch_length, int):
             raise TypeError(f"epoch_length must be an int, got {type(epoch_length).__name__}")
         if epoch_length < 1:
@@ -107,7 +157,12 @@ class SiftedEpochs:
         _check_same_on_all_ranks(epoch_length)
         self.loader = loader
         self.epoch_length = epoch_length
+        self.passes = passes
+        self.finish_passes = finish_passes
+        self.step_multiple = step_multiple
         self.epoch: int | None = None
+        self.finished = False
+        self._yielded = 0  # batches yielded over the whole stream
         self._passes = PassStream(self._start_pass)
         self._token = 0
 
@@ -128,13 +183,50 @@ class SiftedEpochs:
         return self.loader.stats
 
     def _epoch(self, token: int) -> Iterator[Any]:
-        for _ in range(self.epoch_length):
+        last = self.passes - 1 if self.finish_passes else None
+        for k in range(self.epoch_length):
+            if self.finished:
+                return
             if token != self._token:
                 raise RuntimeError(
                     "this SiftedEpochs iterator is stale: a newer `for` loop or load_state_dict "
                     "took over the data stream; start a new `for` loop"
                 )
-            yield self._passes.next()
+            # the fit's last pass over: end here, or once the optimizer step in progress is whole
+            batch = self._passes.next(None if k % self.step_multiple else last)
+            if batch is END:
+                self.finished = True
+                self._on_finished()
+                return
+            self._yielded += 1
+            if self.finish_passes and self._yielded == self.passes * self.epoch_length:
+                self._check_plan_end()  # before the yield: a trainer asks for no batch after it
+            yield batch
+
+    def _on_finished(self) -> None:
+        """Called once the fit's last pass is over (a trainer adapter stops its trainer here)."""
+
+    def _check_plan_end(self) -> None:
+        """At the plan's end: warn if the fit's passes are not over (they kept more than the
+        plan holds), naming what was left."""
+        last = self.passes - 1
+        p = self._passes.data_epoch
+        pos, buffered = self.loader._pos, self.loader._buffer.count
+        if p > last:
+            return
+        left = self.loader._pass_shape().batches - pos.batches_in if self._passes.in_pass else 0
+        later = last - p if self._passes.in_pass else last - p + 1
+        if left <= 0 and buffered == 0 and later <= 0:
+            return  # the last pass's batches are all out; only its end is not seen yet
+        rest = f" and {later} more pass(es)" if later > 0 else ""
+        message = (
+            f"the fit's {self.passes * self.epoch_length} planned batches ended inside data pass "
+            f"{p} of the {self.passes} it trains: {max(left, 0)} incoming batches of that pass"
+            f"{rest} were not drawn and {buffered} kept samples not trained on (the passes kept "
+            "more than the plan's headroom holds). Plan longer epochs with "
+            "epoch_length=<batches per epoch> to finish the passes"
+        )
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
     @property
     def data_epoch(self) -> int:
@@ -154,6 +246,8 @@ class SiftedEpochs:
             **self._passes.state_dict(),
             "epoch_length": self.epoch_length,
             "epoch": self.epoch,
+            "finished": self.finished,
+            "yielded": self._yielded,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -165,12 +259,15 @@ class SiftedEpochs:
             )
         self.loader.load_state_dict(state["loader"])
         self.epoch = state["epoch"]
+        self.finished = bool(state.get("finished", False))  # absent from older states
+        self._yielded = int(state.get("yielded", 0))
         self._token += 1
         # mid-pass: a new iterator over the loader finishes the interrupted pass
         self._passes.load_state_dict(state, self.loader._iter_pass)
 
     def __repr__(self) -> str:
-        return f"SiftedEpochs({self.loader!r}, epoch_length={self.epoch_length})"
+        ends = f", ends with pass {self.passes - 1}" if self.finish_passes else ""
+        return f"SiftedEpochs({self.loader!r}, epoch_length={self.epoch_length}{ends})"
 
 
 def _check_same_on_all_ranks(value: int) -> None:

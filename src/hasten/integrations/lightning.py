@@ -38,9 +38,13 @@ What :func:`sifting_dataloader` takes care of:
 * **Epoch length.** Lightning reads ``len(train_dataloader)`` once and ends each epoch after that
   many batches, cutting a longer sifting pass (its remaining kept samples never trained on) and
   planning schedules (``estimated_stepping_batches``) by it. The loader is returned as a
-  :class:`~hasten.integrations.epochs.SiftedEpochs`: epochs of exactly that length over an
-  endless stream of data passes; nothing is cut or lost. With ``max_epochs=E`` (and no
-  ``max_steps``) an epoch is the expected sifted length of ``E`` passes divided by ``E``.
+  :class:`~hasten.integrations.epochs.SiftedEpochs`: epochs of that length over a stream of
+  data passes; nothing is cut or lost. With ``max_epochs=E`` (and no ``max_steps``) the fit
+  trains ``E`` whole data passes, as SageMaker's loader does: an epoch is the expected sifted
+  length of ``E`` passes, plus a headroom of at most 2.5 %, divided by ``E``, and the fit ends
+  when the last pass does (its last epoch cut short there, the Trainer stopped), within about
+  2.5 % of ``estimated_stepping_batches``. Passes that keep more than the plan holds are cut at
+  its end, with a warning.
 * **Epoch seeding.** Lightning calls ``set_epoch`` on the samplers it can see; the returned
   loader shows it none, and numbers and seeds the data passes itself (``set_epoch(p)`` on the
   inner sampler before pass ``p``), so a pass straddling two Lightning epochs keeps its order.
@@ -155,7 +159,9 @@ def sifting_dataloader(
     if epoch_length is not None:
         stream = _LightningEpochs(sifted, epoch_length)
     elif trainer.max_steps == -1 and trainer.max_epochs is not None and trainer.max_epochs > 0:
-        stream = _LightningEpochs(sifted, passes=trainer.max_epochs)
+        # by epochs: whole data passes, the fit ending with the last one
+        stream = _LightningEpochs(sifted, passes=trainer.max_epochs, finish_passes=True)
+        stream.trainer = trainer
     else:
         stream = _LightningEpochs(sifted, max(1, expected_batches(sifted, 1, delay=False)))
     if not checkpoint:
@@ -169,8 +175,15 @@ class _LightningEpochs(SiftedEpochs):
 
     Lightning counts the batches of an epoch itself, so a resumed fit may also plan epochs of
     another length (``max_epochs`` raised, say): the stream's position is restored and the new
-    length kept.
+    length kept. A fit by epochs stops its ``trainer`` once its last data pass is over (the
+    epochs after it would be empty).
     """
+
+    trainer: Any = None
+
+    def _on_finished(self) -> None:
+        if self.trainer is not None:
+            self.trainer.should_stop = True
 
     def state_dict(self) -> dict[str, Any]:
         return _every_rank("ranks", super().state_dict())

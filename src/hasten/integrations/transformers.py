@@ -28,10 +28,13 @@ Length of training:
 * ``set_epochs=False`` (default): train by steps. ``TrainingArguments(max_steps=N)`` is required;
   the Trainer stops after exactly ``N`` optimizer steps. Its "epochs" are then blocks of about
   one data pass (the expected length of a sifted pass after the sift delay).
-* ``set_epochs=True``: ``num_train_epochs=E`` trains ``E`` epochs whose length is the expected
-  number of sifted batches of ``E`` data passes (sift delay included) divided by ``E``. The
-  total is exact and known up front (schedules end where they should); the data passes behind
-  it are about ``E``, more if the policy keeps more than its expected rate, fewer if less.
+* ``set_epochs=True``: ``num_train_epochs=E`` trains ``E`` whole data passes, as SageMaker's
+  loader does. The Trainer plans ``E`` epochs of the expected sifted batches of ``E`` passes
+  (sift delay included) divided by ``E``, plus a little headroom (at most 2.5 %, see
+  :func:`~hasten.sifting.core.length.fit_headroom`); passes carry across epochs, and the fit
+  ends when the last pass does (the last epoch cut short there, at a whole optimizer step), so
+  it takes within about 2.5 % of the planned steps and its schedule ends about there. Passes
+  that keep more than the plan holds are cut at the plan's end, with a warning.
   ``max_steps`` still takes precedence when set, as in the Trainer.
 
 Gradient accumulation: every optimizer step gets exactly ``gradient_accumulation_steps``
@@ -204,7 +207,13 @@ def _enable_loader(
         )
         if set_epochs and trainer.args.max_steps <= 0:
             passes = max(1, round(trainer.args.num_train_epochs))
-            stream = SiftedEpochs(sifted, passes=passes)
+            # by epochs: whole data passes, the last epoch ending with the last pass
+            stream = SiftedEpochs(
+                sifted,
+                passes=passes,
+                finish_passes=True,
+                step_multiple=trainer.args.gradient_accumulation_steps,
+            )
         else:
             stream = SiftedEpochs(sifted, max(1, expected_batches(sifted, 1, delay=False)))
         saved = getattr(trainer, _RESUME, None)
@@ -786,6 +795,11 @@ class SiftingCallback(transformers.TrainerCallback):
     pruned run; in full-data epochs that is the step just taken, so nothing changes); sets
     ``state.epoch`` to the pruned epochs done; and ends training after the last one.
 
+    With a loader config trained by epochs (``set_epochs=True``), it ends training at the end
+    of the epoch in which the fit's last data pass ended (see
+    :class:`~hasten.integrations.epochs.SiftedEpochs`'s ``finish_passes``), with ``state.epoch``
+    rounded up to that epoch's end.
+
     Args:
         prefix: Put before every name (default ``"sift/"``).
     """
@@ -803,6 +817,13 @@ class SiftingCallback(transformers.TrainerCallback):
         history = state.log_history
         if history and history[-1].get("step") == state.global_step:
             history[-1].update(metrics)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        stream = kwargs.get("train_dataloader")
+        if isinstance(stream, SiftedEpochs) and stream.finished:
+            # the fit's last data pass is over, inside this epoch: it is the last one
+            control.should_training_stop = True
+            state.epoch = float(math.ceil(state.epoch - 1e-9))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         stream = kwargs.get("train_dataloader")

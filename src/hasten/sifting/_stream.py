@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["PassStream"]
+__all__ = ["END", "PassStream"]
+
+END: Any = object()
+"""What :meth:`PassStream.next` returns instead of a batch when the last pass it may run is over."""
 
 
 class PassStream:
@@ -37,15 +40,20 @@ class PassStream:
         """Whether a data pass is in progress."""
         return self.it is not None
 
-    def next(self) -> Any:
-        """The next batch of the stream.
+    def next(self, last_pass: int | None = None) -> Any:
+        """The next batch of the stream; :data:`END` once data pass ``last_pass`` is over and
+        the next batch would start a later one (``None``: passes go on for ever).
 
         Raises:
             RuntimeError: two data passes in a row yielded nothing (the stream cannot be filled).
         """
         empty_passes = 0
+        if last_pass is not None and self.data_epoch > last_pass:
+            return END
         while True:
             if self.it is None:
+                if last_pass is not None and self.data_epoch >= last_pass:
+                    return END
                 self.data_epoch += 1
                 self.yielded_in_pass = 0
                 self.it = self._start_pass(self.data_epoch)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from hasten.integrations import SiftedEpochs, expected_batches, find_sifting_loader, sifting_metrics
 from hasten.sifting import SiftingDataloader
+from hasten.sifting.core import length as length_rule
 from tests._helpers import (
     PlantedDataset,
+    RecordingDataset,
+    complete_passes,
     ids_of,
     planted_loss,
     sift_config,
@@ -146,3 +151,88 @@ def test_metrics_and_finder():
     assert m["s.samples_seen"] == s.num_orig_samples_seen > 0
     assert m["s.keep_rate"] == pytest.approx(s.keep_rate)
     assert m["s.data_epoch"] == 0
+
+
+def _recorded(n, bs=8, beta=1.0, delay=4, seed=0):
+    dataset = RecordingDataset(n)
+    orig = DataLoader(
+        dataset, batch_size=bs, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
+    cfg = sift_config(beta=beta, delay=delay)
+    sifted = SiftingDataloader(
+        cfg, orig, model=tiny_model(), loss_impl=planted_loss, seed=seed, log_interval=0
+    )
+    return dataset, sifted
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_fit_by_epochs_ends_with_its_last_whole_pass_within_5_percent_of_the_plan(seed):
+    n, epochs = 1600, 3
+    dataset, sifted = _recorded(n, bs=16, seed=seed)
+    stream = SiftedEpochs(sifted, passes=epochs, finish_passes=True)
+    planned = epochs * len(stream)
+    assert planned > expected_batches(sifted, epochs)  # the headroom
+    per_epoch = [sum(1 for _ in stream) for _ in range(epochs)]
+    # every epoch but the last has its planned length; the last ends with the last pass
+    assert per_epoch[:-1] == [len(stream)] * (epochs - 1) and per_epoch[-1] <= len(stream)
+    assert stream.finished and sum(1 for _ in stream) == 0  # nothing after the fit's end
+    # exactly `epochs` whole passes drawn, every kept sample trained on
+    assert complete_passes(dataset.drawn, n) == epochs and len(dataset.drawn) == epochs * n
+    s = sifted.stats
+    assert s.num_orig_samples_kept == s.num_samples_yielded and sifted._buffer.count == 0
+    assert 0.95 * planned <= sum(per_epoch) <= planned
+
+
+def test_the_fits_end_completes_the_optimizer_step_from_the_next_pass():
+    n, epochs, ga = 96, 2, 4
+    for seed in range(6):
+        dataset, sifted = _recorded(n, seed=seed)
+        room = expected_batches(sifted, epochs) // epochs + 8  # no cut: the step's end is tested
+        stream = SiftedEpochs(sifted, room, passes=epochs, finish_passes=True, step_multiple=ga)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            last = [sum(1 for _ in stream) for _ in range(epochs)][-1]
+        assert last % ga == 0 or last == len(stream)
+        passes = complete_passes(dataset.drawn, n)
+        assert passes == epochs  # both passes whole; any extra batch comes from the third
+        extra = len(dataset.drawn) - epochs * n
+        # at most ga - 1 sifted batches of the next pass: about twice as many incoming at 1/2 kept
+        assert 0 <= extra <= 2 * ga * 8 and (extra == 0) == (stream.data_epoch == epochs - 1)
+
+
+def test_passes_that_keep_more_than_the_plan_are_cut_with_a_warning():
+    dataset, sifted = _recorded(96, delay=0)
+    stream = SiftedEpochs(sifted, epoch_length=3, passes=2, finish_passes=True)  # ~12 needed
+    list(stream)  # epoch 0 of 2
+    with pytest.warns(RuntimeWarning, match=r"ended inside data pass 0 of the 2.*not drawn"):
+        list(stream)  # epoch 1: the plan's end
+    assert not stream.finished and len(dataset.drawn) < 96
+
+
+def test_a_finished_stream_resumes_finished():
+    _, sifted = _recorded(320)
+    stream = SiftedEpochs(sifted, passes=1, finish_passes=True)
+    list(stream)
+    list(stream)  # empty; the pass's end seen at the latest here
+    assert stream.finished
+    _, again = _recorded(320)
+    resumed = SiftedEpochs(again, passes=1, finish_passes=True)
+    resumed.load_state_dict(stream.state_dict())
+    assert resumed.finished and list(resumed) == []
+    with pytest.raises(ValueError, match="step_multiple"):
+        SiftedEpochs(again, finish_passes=True, step_multiple=0)
+    with pytest.raises(ValueError, match="passes"):
+        SiftedEpochs(again, passes=0)
+
+
+def test_fit_headroom_is_a_few_deviations_capped_at_its_share():
+    shape = length_rule.PassShape(batches=1000, batch_size=32, samples=32000, drop_last=False)
+    kw = {"sift_delay": 0, "repeat_delay_per_epoch": False, "passes": 2}
+    expected = length_rule.expected_batches(shape, 0.5, **kw)  # 1000
+    # sd = sqrt(64000 / 4) / 32 = 3.95 batches: 3 sd + 0.5 (the first batch, kept whole)
+    assert length_rule.fit_headroom(shape, 0.5, **kw) == 13
+    small = length_rule.PassShape(batches=10, batch_size=32, samples=320, drop_last=False)
+    # capped: 2.5 % of 10 expected batches, + 0.5
+    assert length_rule.fit_headroom(small, 0.5, **kw) == 1
+    assert length_rule.fit_headroom(shape, 1.0, **kw) == 0  # keeps everything: no variation
+    assert expected == 1000

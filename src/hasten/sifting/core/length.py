@@ -13,6 +13,20 @@ or down under ``drop_last``::
 
 Every rank computes the same number: the rate is the rule's nominal one (never what a rank has
 observed), and the pass's shape is read from the loader's settings.
+
+A fit of a known number of whole passes (a trainer by epochs) is planned a little longer than
+expected, :func:`fit_headroom`, so that the passes' actual batches, which vary with the draws,
+fit into the plan and the fit ends where its last pass does::
+
+    planned = expected_batches(passes) + fit_headroom(passes)
+    headroom = ceil(min(3 * sd, HEADROOM_SHARE * expected) + (1 - rate))
+
+``sd`` is the standard deviation of the kept samples, in batches (``sqrt(scored * rate *
+(1 - rate)) / batch``: at most that of independent draws at the nominal rate), and ``1 - rate``
+the first scored batch, kept whole (no history to rank it against yet). Capped at
+``HEADROOM_SHARE`` of the expected batches, a fit takes at least ``1 / (1 + HEADROOM_SHARE)``
+of its planned steps when its passes keep what they are expected to; one that keeps more than
+the plan holds is cut at the plan (the trainers' schedules end there), and says so.
 """
 
 from __future__ import annotations
@@ -26,7 +40,17 @@ import torch
 
 from hasten.sifting._runtime import loader_batch_size, loader_drop_last
 
-__all__ = ["PassShape", "expected_batches", "pass_batches", "pass_shape"]
+__all__ = [
+    "HEADROOM_SHARE",
+    "PassShape",
+    "expected_batches",
+    "fit_headroom",
+    "pass_batches",
+    "pass_shape",
+]
+
+HEADROOM_SHARE = 0.025
+"""The most :func:`fit_headroom` plans beyond the expected batches, as a share of them."""
 
 
 @dataclass(frozen=True)
@@ -118,3 +142,36 @@ def expected_batches(
         total += pass_batches(shape, rate, delay_batches=left, out_batch_size=out_batch_size)
         done += min(left, shape.batches)
     return total
+
+
+def fit_headroom(
+    shape: PassShape,
+    rate: float,
+    *,
+    sift_delay: int,
+    repeat_delay_per_epoch: bool,
+    passes: int,
+    out_batch_size: int | None = None,
+) -> int:
+    """Batches to plan beyond :func:`expected_batches` for a fit of ``passes`` whole passes
+    (see the module docstring): room for the draws to keep more than expected."""
+    expected = expected_batches(
+        shape,
+        rate,
+        sift_delay=sift_delay,
+        repeat_delay_per_epoch=repeat_delay_per_epoch,
+        passes=passes,
+        out_batch_size=out_batch_size,
+    )
+    scored, done = 0, 0
+    for _ in range(passes):
+        left = sift_delay if repeat_delay_per_epoch else max(0, sift_delay - done)
+        passed = min(left, shape.batches)
+        scored += max(0, shape.samples - passed * shape.batch_size)
+        done += passed
+    b = out_batch_size or shape.batch_size
+    share = min(max(rate, 0.0), 1.0)
+    if scored == 0 or share in (0.0, 1.0):
+        return 0
+    sd = math.sqrt(scored * share * (1.0 - share)) / b
+    return math.ceil(min(3.0 * sd, HEADROOM_SHARE * expected) + (1.0 - share) - 1e-9)
