@@ -60,8 +60,13 @@ What :func:`sifting_dataloader` takes care of:
   resumes from its own, with the same number of processes. ``checkpoint=False`` leaves the
   state out: a resumed fit then starts a fresh sifted stream.
 
-``hasten.compile(lightning_module)`` compiles the module in place before ``trainer.fit``; the
-Trainer and the sifting scorer then both run the compiled module.
+Compiling: ``Trainer(callbacks=[Compile()])`` compiles the ``LightningModule`` in place with
+``hasten.compile`` when the fit starts, telling the compile plan (``regions="auto"``) the fit's
+length, :func:`fit_training_calls`: ``estimated_stepping_batches`` optimizer steps of
+``accumulate_grad_batches`` training calls each, so a short fit stays eager and a long one
+compiles from its third call. ``hasten.compile(lightning_module)`` before ``trainer.fit`` compiles
+the same way, the plan learning the length as the fit goes (``steps=`` tells it). Either way the
+Trainer and the sifting scorer both run the compiled module.
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sequ
 
 from hasten.integrations._front_end import is_pruning_config
 from hasten.integrations.epochs import SiftedEpochs, expected_batches
-from hasten.integrations.lightning_metrics import TrainingMetricsRecorder
+from hasten.integrations.lightning_metrics import TrainingMetricsRecorder, _callback_bases
 from hasten.sifting import (
     PruningSampler,
     SiftingDataloader,
@@ -87,7 +92,13 @@ from hasten.sifting import (
 )
 from hasten.sifting.core import dist as _dist
 
-__all__ = ["Sifting", "TrainingMetricsRecorder", "sifting_dataloader"]
+__all__ = [
+    "Compile",
+    "Sifting",
+    "TrainingMetricsRecorder",
+    "fit_training_calls",
+    "sifting_dataloader",
+]
 
 # the Lightning distributions installed: the unified package and the standalone one
 _PACKAGES: dict[str, Any] = {}
@@ -668,3 +679,76 @@ class _StatefulPrunedLoader(_PrunedLoader):
             "Sifting(..., checkpoint=False)",
         )
         self.sampler.load_state_dict(own)
+
+
+# ---------------------------------------------------------------------------------- compiling
+
+
+def fit_training_calls(trainer: Any) -> int | None:
+    """Training calls (micro-batches) the Lightning ``trainer``'s fit will make, if known:
+    ``estimated_stepping_batches * accumulate_grad_batches`` (``None`` for an endless fit).
+
+    Call it once the fit has started (a callback's ``on_fit_start`` or later): Lightning loads the
+    train dataloader to count its batches. A sifted fit by epochs takes about that many (the loader
+    front-end ends within 2.5 % of it); a pruned one fewer, so the compile plan is told the most
+    the fit can take.
+    """
+    steps = trainer.estimated_stepping_batches
+    if not isinstance(steps, (int, float)) or not math.isfinite(steps) or steps <= 0:
+        return None
+    accumulate = max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
+    return int(steps) * accumulate
+
+
+class Compile(*_callback_bases()):  # type: ignore[misc]
+    """Compile the ``LightningModule`` with ``hasten.compile`` when the fit starts, for the fit's
+    length: ``Trainer(callbacks=[Compile()])``.
+
+    At ``on_fit_start`` (after ``configure_optimizers``, before the sanity check's first forward)
+    the module is compiled in place with ``steps=`` :func:`fit_training_calls`, so the compile
+    plan (``regions="auto"``, :mod:`hasten.compiler.plan`) decides from the fit's length whether
+    compiling pays, as ``compile_trainer`` does for the Hugging Face Trainer. Its optimizers' Adam,
+    AdamW, SGD and Adagrad step fused where their flags leave it to PyTorch (``hasten.compile``'s
+    ``fused_optimizer``). A module already compiled by hasten is left as it is.
+
+    Args:
+        config: A :class:`hasten.CompileConfig` (``None``: the defaults). Its ``steps``, when
+            set, wins over the fit's length.
+        **settings: ``hasten.compile`` keywords (``precision="bf16"``, ``steps=``,
+            ``fused_optimizer=False`` ...); ``steps`` given wins over the fit's length.
+
+    Attributes:
+        steps: The run length given to the plan (``None`` before the fit starts, or when the fit
+            is endless and the plan learns it as the fit goes).
+    """
+
+    def __init__(self, config: Any = None, **settings: Any) -> None:
+        super().__init__()
+        from hasten.compiler.config import CompileConfig
+
+        if config is not None and not isinstance(config, CompileConfig):
+            raise TypeError(
+                f"Compile(config=...) takes a hasten.CompileConfig, got {type(config).__name__}; "
+                "pass hasten.compile keywords as Compile(precision='bf16', ...)"
+            )
+        self.config = config
+        self.settings = settings
+        self.steps: int | None = None
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        import hasten
+        from hasten.compiler import compile_report
+
+        try:
+            compile_report(pl_module)
+        except ValueError:  # not compiled by hasten yet
+            pass
+        else:
+            return
+        settings = dict(self.settings)
+        if "steps" not in settings and (self.config is None or self.config.steps is None):
+            steps = fit_training_calls(trainer)
+            if steps is not None:
+                settings["steps"] = steps  # regions="auto" plans for the fit
+        self.steps = settings.get("steps", None if self.config is None else self.config.steps)
+        hasten.compile(pl_module, self.config, **settings)
