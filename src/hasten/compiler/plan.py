@@ -6,11 +6,12 @@ compiling at all. ``regions="auto"`` (the default) decides per region and per va
 evaluation, scoring) from what it can know:
 
 * **The run's length is known** (``steps=`` given to ``hasten.compile``, or passed by a trainer
-  integration): the first two calls run eagerly and are timed (each from its start to the next
-  call of the same variant: forward, backward, optimizer step); the shorter counts, since a
-  first call carries one-off costs (the demo's first step took 0.65 s, its later ones 0.17 s).
-  At the third call hasten compiles if the steps left, at the share of a step a compile saves,
-  save more than the compile costs::
+  integration): the first calls run eagerly and are timed (each from its start to the next
+  call of the same variant: forward, backward, optimizer step): at least two, and more while
+  each is still clearly faster than those before (a process's first steps carry one-off costs:
+  the demo's first step took 0.65 s, its later ones 0.17 s), up to ``steps // 20`` (at most
+  10). The shortest counts. Then hasten compiles if the steps left, at the share of a step a
+  compile saves, save more than the compile costs::
 
       steps_left * eager_step * gain  >  expected_compile
 
@@ -54,7 +55,8 @@ PRIOR_S = 8.0
 PER_MODULE_S = 0.15
 PRIOR_GAIN = 0.2  # a compiled step 20 % shorter than eager's (1.25x): the low end measured
 _CHECK_CALLS = 5  # compiled calls timed before comparing with eager
-_TIMED_STEPS = 2  # eager steps timed before a known-length plan decides
+_TIMED_STEPS = 2  # eager steps timed, at least, before a known-length plan decides
+_MAX_TIMED = 10  # and at most, while the step times still fall (Plan._timed_enough)
 _HISTORY = "hasten-plan.json"
 _LOCK = threading.Lock()
 
@@ -151,7 +153,7 @@ class Plan:
 
     def _decide(self, variant: str, v: VariantPlan, grad: bool) -> str:
         if self.steps is not None and grad:
-            if len(v.eager_times) < _TIMED_STEPS:
+            if not self._timed_enough(v.eager_times):
                 if v.calls == 1:
                     self._note(
                         f"{self.label} ({variant}): the first steps run eagerly and are timed, to "
@@ -191,6 +193,20 @@ class Plan:
                 "length; regions='whole' compiles at once)"
             )
         return "eager"
+
+    def _timed_enough(self, times: list[float]) -> bool:
+        """Whether the eager steps timed so far tell what a step costs.
+
+        A process's first steps carry one-off costs (lazy imports, the optimizer's state,
+        allocator growth, under load more so): seen on tiny GPT-2, 3.3 s, 2.7 s, 0.9 s, then
+        0.2 s. So timing goes on while each step is still clearly (10 %) faster than every one
+        before it, up to ``steps // 20`` timed steps (2 to 10): a few more eager steps cost
+        nothing next to a compile chosen on a step time four times too long.
+        """
+        if len(times) < _TIMED_STEPS:
+            return False
+        cap = max(_TIMED_STEPS, min(_MAX_TIMED, (self.steps or 0) // 20))
+        return len(times) >= cap or times[-1] >= 0.9 * min(times[:-1])
 
     def _compare(self, v: VariantPlan) -> None:
         eager = statistics.median(v.eager_times)

@@ -148,3 +148,21 @@ def test_a_slow_first_step_does_not_make_a_short_run_compile(clock, tmp_path):
     p = Plan("k", "Net", prior_s=25.0, steps=530, history_dir=str(tmp_path))
     got = [_step(p, clock, 0.65)] + [_step(p, clock, 0.17) for _ in range(529)]
     assert not any(got)  # 528 x 0.17 s x 20 % ~ 18 s < 25 s (with 0.65 s it was ~69 s)
+
+
+def test_steps_still_getting_faster_are_timed_until_they_settle(clock, tmp_path):
+    # tiny GPT-2 in a new process: 3.0 s, 2.5 s, 0.8 s, then 0.2 s a step. Deciding on the
+    # second (98 x 2.5 s x 20 % ~ 49 s > 13 s) would compile a run a compile cannot pay back.
+    p = Plan("k", "Net", prior_s=13.0, steps=100, history_dir=str(tmp_path))
+    times = [3.0, 2.5, 0.8] + [0.2] * 97
+    got = [_step(p, clock, t) for t in times]
+    assert not any(got)  # decided at the 6th call: 95 x 0.2 s x 20 % ~ 4 s < 13 s
+    decision = next(n for n in p.notes if "runs eagerly for this run" in n)
+    assert "95 steps left x 0.20 s" in decision
+
+
+def test_timing_stops_at_a_twentieth_of_the_run(clock, tmp_path):
+    # steps that keep falling are timed at most steps // 20 times (here 5), then it decides
+    p = Plan("k", "Net", prior_s=1.0, steps=100, history_dir=str(tmp_path))
+    got = [_step(p, clock, 1.0 * 0.8**i) for i in range(8)]
+    assert got == [False] * 5 + [True] * 3  # 5 timed calls; compiled from the 6th
