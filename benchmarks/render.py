@@ -76,6 +76,9 @@ def render_block(name: str) -> str:
 
         parts.append(keras_table(data, markdown=True) + "\n")
         machine = data["machine"]
+    elif kind == "hasten.whole_run":
+        parts.append(_whole_run(data) + "\n")
+        machine = data["machine"]
     elif kind == "hasten.demo":
         parts.append(demo_table(data, markdown=True) + "\n")
         parts.append("![test accuracy against training seconds](results/demo/demo.png)\n")
@@ -85,6 +88,52 @@ def render_block(name: str) -> str:
     if machine:
         parts.append(f"_Machine: {machine_line(machine)}._ {_source(path)}\n")
     return "\n".join(parts)
+
+
+def _whole_run(data: dict) -> str:
+    """Time to step N, compile included, per candidate and cache state; eager's ratio beside."""
+    import itertools
+    import statistics
+
+    ns = [str(n) for n in data["ns"]]
+    runs = [r for r in data["runs"] if "time_to" in r]
+    eager = {r["cache"]: r["time_to"] for r in runs if r["candidate"] == "eager"}
+    rows = []
+    for cache in ("cold", "warm"):
+        by: dict[str, dict[str, tuple[float, bool]]] = {}
+        steady: dict[str, float] = {}
+        for r in runs:
+            if r["cache"] != cache:
+                continue
+            name = r["candidate"]
+            if name.startswith("hasten(steps="):
+                name = "hasten.compile(model, steps=N)"
+            for n, v in r["time_to"].items():
+                by.setdefault(name, {})[n] = (v["s"], v["extrapolated"])
+            cum = r["cum_s"]
+            if len(cum) > data["tail"]:
+                tail = [b - a for a, b in itertools.pairwise(cum)][-data["tail"] :]
+                steady[name] = statistics.median(tail)  # steps=N: the longest run's
+        for name, figs in by.items():
+            cells = []
+            for n in ns:
+                if n not in figs:
+                    cells.append("—")
+                    continue
+                t, extra = figs[n]
+                ref = eager.get(cache, {}).get(n)
+                ratio = f" ({ref['s'] / t:.2f}×)" if ref else ""
+                cells.append(f"{t:.1f}{'*' if extra else ''}{ratio}")
+            step = steady.get(name)
+            rows.append([cache, name, *cells, f"{1e3 * step:.0f}" if step else "—"])
+    headers = ["cache", "candidate", *[f"to step {n} s (× eager)" for n in ns], "steady ms"]
+    shape = f"batch {data.get('batch') or 'default'}, seq {data.get('seq') or 'default'}"
+    head = (
+        f"**{data['model']} {data['size']}** ({shape}); each run a new process; measured up to "
+        f"step {data['measure']}, `*` extrapolated from the median of the last {data['tail']} "
+        "measured steps; steady = that median (runs with enough steps).\n"
+    )
+    return head + "\n" + format_table(headers, rows, markdown=True)
 
 
 def _cnn_gap(data: dict) -> str:
