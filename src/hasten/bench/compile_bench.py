@@ -304,12 +304,12 @@ def run_compile_bench(
     specs = [get_model_spec(m, size) for m in models]  # validate all names up front
     results = []
     for spec in specs:
-        torch._dynamo.reset()
+        torch.compiler.reset()
         cands = candidates_for(spec, precisions, kinds, device)
         with contextlib.ExitStack() as stack:
             timings: dict[str, dict[str, Any]] = {}
             if first_calls:
-                from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+                from hasten.compiler.hooks.inductor import temporary_cache_dir
 
                 timings, merged = stack.enter_context(
                     _first_calls(spec, cands, device, config.threads, progress)

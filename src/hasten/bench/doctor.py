@@ -73,9 +73,9 @@ def _cpu() -> Check:
 
 def _cxx() -> Check:
     try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
+        from hasten.compiler.hooks.inductor import cpp_compiler
 
-        compiler = get_cpp_compiler()
+        compiler = cpp_compiler()
     except Exception as err:  # torch raises various errors when no compiler is found
         return Check(
             "C++ compiler (Inductor, CPU)",

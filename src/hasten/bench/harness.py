@@ -149,7 +149,7 @@ def peak_step_memory(step: Step, device: torch.device | str = "cpu") -> tuple[in
 
     with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    cpu = torch._C._autograd.DeviceType.CPU
+    cpu = torch.autograd.DeviceType.CPU
     events = sorted(
         (e.start_ns(), e.nbytes())
         for e in prof.profiler.kineto_results.events()

@@ -30,12 +30,15 @@ from hasten.compiler.config import (
     Regions,
     Start,
 )
+from hasten.compiler.hooks import dynamo as dynamo_hooks
+from hasten.compiler.hooks import nn as nn_hooks
+from hasten.compiler.hooks.inductor import VEC_ISA_OK
+from hasten.compiler.hooks.vec_isa import start_vec_isa_probe
 from hasten.compiler.optimizer import watch as watch_optimizers
 from hasten.compiler.precision import attach_grad_scaler
 from hasten.compiler.regions import install
 from hasten.compiler.report import CompileRecord, CompileReport
 from hasten.compiler.traps import apply_fixes, call_fixes, unwrap_data_parallel
-from hasten.compiler.vec_isa import start_vec_isa_probe
 
 if TYPE_CHECKING:
     from hasten.compiler.verify import VerifyResult
@@ -142,11 +145,11 @@ def compile(
         if target is not model:
             attach_grad_scaler(target, device.type)
     install(target, cfg, record, device.type)
-    if device.type == "cpu" and "cpp.vec_isa_ok" not in cfg.inductor_options:
+    if device.type == "cpu" and VEC_ISA_OK not in cfg.inductor_options:
         start_vec_isa_probe(_cache.cache_dir(cfg.cache_dir))  # runs while TorchDynamo traces
     fixes, notes = call_fixes(target, fix=cfg.fix_known_traps)
     record.fixes.extend(notes)
-    target._compiled_call_impl.call_fixes.extend(fixes)  # type: ignore[union-attr]
+    nn_hooks.compiled_call(target).call_fixes.extend(fixes)  # type: ignore[union-attr]
     _RECORDS[target] = record
     if target is not model:
         _RECORDS[model] = record
@@ -182,7 +185,7 @@ def _at_once(cfg: CompileConfig) -> CompileConfig:
 
 
 def _check_model(model: Any) -> nn.Module:
-    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+    if dynamo_hooks.is_optimized_module(model):
         raise TypeError(
             "this model is already a torch.compile wrapper; pass the original module "
             "(model._orig_mod) to hasten.compile, which compiles it in place"
@@ -244,7 +247,7 @@ def _something_to_backprop(out: Any) -> torch.Tensor | None:
     loss = getattr(out, "loss", None)
     if isinstance(loss, torch.Tensor) and loss.requires_grad:
         return loss
-    for t in torch.utils._pytree.tree_leaves(out):
+    for t in nn_hooks.tree_leaves(out):
         if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point():
             return t.float().sum()
     return None

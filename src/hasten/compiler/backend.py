@@ -4,10 +4,10 @@ The pipeline, for every graph TorchDynamo captures::
 
     Dynamo graph (torch ops)
       -> hasten "pre_grad" passes            e.g. attention_to_sdpa
-      -> Inductor compile_fx, with config scoped by torch._inductor.config.patch:
+      -> Inductor compile_fx, with config patches for this compile:
            AOTAutograd: joint forward/backward graph, partitioned
            -> hasten "post_grad" passes       through Inductor's post_grad_custom_pre_pass hook,
-                                              a CustomGraphPass whose uuid() hashes the pass
+                                              a custom graph pass whose uuid() hashes the pass
                                               sources, so the FX graph cache still hits
            -> Inductor codegen (C++/OpenMP on CPU, Triton on GPU)
 
@@ -18,26 +18,31 @@ After ``pip install hasten`` the backend is found by name through the ``torch_dy
 entry point: ``torch.compile(model, backend="hasten")`` needs no import. ``mode`` and ``options``
 of ``torch.compile`` are honoured: ``options`` are Inductor options, plus ``"passes"`` (a mapping
 like ``CompileConfig.passes``).
+
+Inductor and Dynamo are reached only through :mod:`hasten.compiler.hooks`: a hook this torch
+lacks (the post-grad hook, a config key, the split compile) is skipped and named in the report.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
+from hasten.compiler import hooks
 from hasten.compiler.breaks import track as track_graph_breaks
 from hasten.compiler.cache import ensure_intact
 from hasten.compiler.config import CompileConfig
-from hasten.compiler.kernels import batched_kernels
+from hasten.compiler.hooks import inductor
+from hasten.compiler.hooks.kernels import batched_kernels
+from hasten.compiler.hooks.split import compile_parts
+from hasten.compiler.hooks.vec_isa import vec_isa_patch
 from hasten.compiler.passes.registry import SPLIT_MARK, get_pass, run_passes
 from hasten.compiler.report import CompileRecord, graph_shape
-from hasten.compiler.vec_isa import vec_isa_patch
 
 __all__ = ["HastenBackend", "hasten_backend", "inductor_patches"]
 
@@ -79,8 +84,6 @@ class HastenBackend:
     def __call__(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any
     ) -> Callable[..., Any]:
-        from torch._inductor.compile_fx import compile_fx
-
         t0 = time.perf_counter()
         shape = graph_shape(gm)  # before the passes rewrite gm in place
         if self.keep_sources and len(self.sources) < 8:
@@ -95,40 +98,51 @@ class HastenBackend:
         patches = inductor_patches(self.config, device, self._post_grad_hook())
         marked = _hasten_functions(gm)
         if marked:
-            patches["unsafe_marked_cacheable_functions"] = {
-                **patches.get("unsafe_marked_cacheable_functions", {}),
-                **marked,
-            }
-        with _scoped(self.config):
+            key = inductor.CACHEABLE_FUNCTIONS
+            patches[key] = {**patches.get(key, {}), **marked}
+        self._note_skipped_hooks()
+        with inductor.scoped(self.config.cache_dir):
             ensure_intact(self.config.cache_dir)  # once per process and directory (cache.py)
-            if device == "cpu" and "cpp.vec_isa_ok" not in patches:
+            if device == "cpu" and inductor.VEC_ISA_OK not in patches:
                 patches.update(vec_isa_patch())
+            patches = inductor.supported_patches(patches)  # hasten's keys this torch has
             batch = batched_kernels() if device == "cpu" else contextlib.nullcontext()
-            with batch:  # a graph's CPU kernels built as a few libraries (kernels.py)
+            with batch:  # a graph's CPU kernels built as a few libraries (hooks/kernels.py)
                 if getattr(gm, SPLIT_MARK, False):
                     compiled = compile_parts(gm, example_inputs, patches)
                 else:
-                    compiled = compile_fx(gm, example_inputs, config_patches=patches)
+                    compiled = inductor.compile_fx(gm, example_inputs, patches)
         seconds = time.perf_counter() - t0
         self.record.add_graph(shape, seconds, self.variant)
         with self.record.lock:
             self.record.backend_seconds += seconds
         return compiled
 
-    def _post_grad_hook(self) -> CustomGraphPass | None:
+    def _post_grad_hook(self) -> Any:
         if not self.post_grad:
             return None
-        return _PostGradPasses(self.post_grad, self.record)
+        passes = _PostGradPasses(self.post_grad, self.record)
+        return inductor.post_grad_pass(passes.run, passes.uuid)
+
+    def _note_skipped_hooks(self) -> None:
+        """Name each torch hook this torch lacks in the report, once per record."""
+        skipped = hooks.skipped()
+        if not skipped:
+            return
+        with self.record.lock:
+            for line in skipped:
+                if line not in self.record.hooks_skipped:
+                    self.record.hooks_skipped.append(line)
 
 
-class _PostGradPasses(CustomGraphPass):
+class _PostGradPasses:
     """hasten's post-grad passes as one Inductor custom pass (run on forward and backward)."""
 
     def __init__(self, names: tuple[str, ...], record: CompileRecord):
         self.names = names
         self.record = record
 
-    def __call__(self, graph: torch.fx.Graph) -> None:
+    def run(self, graph: torch.fx.Graph) -> None:
         gm = graph.owning_module
         if gm is None:  # Inductor always hands over an owned graph; be safe anyway
             return
@@ -143,106 +157,31 @@ class _PostGradPasses(CustomGraphPass):
         # Stable across processes: the pass sources and which passes run. Inductor folds this
         # into its FX-graph cache key, so a warm cache still hits (and a changed pass misses).
         files = tuple(sorted({get_pass(n).fn.__code__.co_filename for n in self.names}))
-        return (get_hash_for_files(files).hex(), self.names)
+        return (inductor.file_hash(files), self.names)
 
 
 # Inductor settings hasten changes per device, each measured on the benchmark models (see
 # docs/compiler.md): on CPU, Inductor's in-kernel dropout RNG (scalar Philox per element) cost
 # ~20 ns an element, a quarter of BERT-small's fp32 step; ATen's RNG (fallback_random) is ~5x
 # cheaper and gives eager's exact dropout masks for the same seed.
-_DEVICE_DEFAULTS: dict[str, dict[str, Any]] = {"cpu": {"fallback_random": True}}
+_DEVICE_DEFAULTS: dict[str, dict[str, Any]] = {"cpu": {inductor.FALLBACK_RANDOM: True}}
 
 
 def inductor_patches(
-    config: CompileConfig, device_type: str, post_grad: CustomGraphPass | None = None
+    config: CompileConfig, device_type: str, post_grad: Any = None
 ) -> dict[str, Any]:
-    """The Inductor config hasten compiles with: mode options, hasten's choices, the hook."""
-    from torch._inductor import list_mode_options
-
+    """The Inductor config hasten compiles with: mode options, hasten's choices, the hook
+    (``post_grad``: an Inductor custom graph pass, see :func:`hooks.inductor.post_grad_pass`).
+    hasten's own keys this torch lacks are left out."""
     mode = config.mode
     if device_type != "cuda" and mode == "max-autotune":
         mode = "max-autotune-no-cudagraphs"  # CUDA graphs mean nothing off CUDA
-    patches: dict[str, Any] = dict(list_mode_options(mode)) if mode != "default" else {}
+    patches: dict[str, Any] = inductor.mode_options(mode)
     patches.update(_DEVICE_DEFAULTS.get(device_type, {}))
     if post_grad is not None:
-        patches["post_grad_custom_pre_pass"] = post_grad
+        patches[inductor.POST_GRAD_PASS] = post_grad
     patches.update(config.inductor_options)
-    return patches
-
-
-@contextlib.contextmanager
-def _scoped(config: CompileConfig) -> Iterator[None]:
-    """Config that must hold while Inductor compiles (forward and the eager backward)."""
-    import torch._functorch.config as functorch_config
-
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(functorch_config.patch(force_non_lazy_backward_lowering=True))
-        if config.cache_dir is not None:
-            from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
-
-            stack.enter_context(temporary_cache_dir(config.cache_dir))
-        yield
-
-
-def compile_parts(
-    split: torch.fx.GraphModule, example_inputs: Sequence[Any], patches: dict[str, Any]
-) -> Callable[..., Any]:
-    """Compile each part of a graph a pass split (``submod_*``) with Inductor, on its own.
-
-    The outer graph runs on fake tensors; each part is compiled, in order, with the inputs it
-    receives, and the next part's inputs come from running the part's *uncompiled* graph on fake
-    tensors (eager's shapes and strides; Inductor keeps graph outputs at eager strides, and its
-    code checks every input's size and stride, so a mismatch raises instead of computing wrong).
-
-    TorchDynamo's DDPOptimizer instead marks each part's first AOTAutograd call to return fake
-    outputs (``fakify_first_call``), which AOTAutograd's cache refuses to store: with it a warm
-    start re-traced and re-partitioned GPT-2 124M's joint graph (AOTAutogradCache bypassed twice,
-    about 9 s of a 24.5 s profiled warm first call). The backward is lowered eagerly (see
-    :func:`_scoped`), so no per-part metadata has to outlive the compile.
-    """
-    from unittest import mock
-
-    from torch._dynamo.utils import (
-        _disable_saved_tensors_hooks_during_tracing,
-        deepcopy_to_fake_tensor,
-        detect_fake_mode,
-    )
-    from torch._inductor.compile_fx import compile_fx
-
-    fake_mode = detect_fake_mode(example_inputs) or torch._subclasses.FakeTensorMode()
-
-    class _Part(torch.nn.Module):
-        def __init__(self, fn: Callable[..., Any]) -> None:
-            super().__init__()
-            self.fn = fn
-
-        def forward(self, *args: Any) -> Any:
-            return self.fn(*args)
-
-    class _PartCompiler(torch.fx.Interpreter):
-        def run_node(self, n: torch.fx.Node) -> Any:
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
-            args = tuple(
-                torch._dynamo.utils.to_fake_tensor(a, fake_mode)
-                if isinstance(a, torch.Tensor) and not isinstance(a, torch._subclasses.FakeTensor)
-                else a
-                for a in args
-            )
-            if n.op != "call_module":
-                return getattr(self, n.op)(n.target, args, kwargs)
-            part = self.fetch_attr(str(n.target))
-            fake_part = deepcopy_to_fake_tensor(part, fake_mode)  # before compile_fx rewrites it
-            compiled = compile_fx(part, list(args), config_patches=patches)
-            self.module.delete_submodule(str(n.target))
-            n.target = f"compiled_{n.target}"
-            self.module.add_submodule(n.target, _Part(compiled))
-            with fake_mode, mock.patch.object(fake_mode, "allow_non_fake_inputs", True):
-                return fake_part(*args, **kwargs)
-
-    with _disable_saved_tensors_hooks_during_tracing():
-        _PartCompiler(split).run(*example_inputs)
-    split.recompile()
-    return split
+    return inductor.supported_patches(patches)
 
 
 def _hasten_functions(gm: torch.fx.GraphModule) -> dict[str, str]:
@@ -263,7 +202,7 @@ def _hasten_functions(gm: torch.fx.GraphModule) -> dict[str, str]:
             code = getattr(fn, "__code__", None)
             if module.startswith("hasten.") and code is not None:
                 name = f"{module}.{fn.__name__}"
-                marked[name] = get_hash_for_files((code.co_filename,)).hex()
+                marked[name] = inductor.file_hash((code.co_filename,))
     return marked
 
 

@@ -29,6 +29,9 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from hasten.compiler import hooks
+from hasten.compiler.hooks import dynamo as dynamo_hooks
+
 if TYPE_CHECKING:
     from hasten.compiler.report import CompileRecord
 
@@ -52,18 +55,15 @@ def track() -> bool:
     clears TorchDynamo's callbacks (and its list of reasons), so it is registered again then.
     """
     global _seen, _registered_once
-    try:
-        from torch._dynamo.callback import callback_handler
-        from torch._dynamo.utils import graph_break_reasons
-    except ImportError:  # a torch without them: breaks are read off the compiled graphs
+    if not hooks.usable("dynamo.compile_callbacks"):  # breaks are read off the compiled graphs
         return False
     with _LOCK:
-        if _on_end not in callback_handler.end_callbacks:
+        if not dynamo_hooks.has_end_callback(_on_end):
             if not _registered_once:  # reasons from before hasten's first compile are not ours
-                _seen, _registered_once = len(graph_break_reasons), True
+                _seen, _registered_once = len(dynamo_hooks.graph_break_reason_list()), True
             # after a reset, the list starts empty (_on_end starts over), and reasons of the
             # compile running now, if any, are still handed out at its end
-            callback_handler.register_end_callback(_on_end)
+            dynamo_hooks.add_end_callback(_on_end)
     return True
 
 
@@ -71,9 +71,7 @@ def note_graph(record: CompileRecord) -> bool:
     """A hasten backend compiled a graph for ``record``. ``True``: its break, if any, is recorded
     by the end-of-compile callback (in Dynamo's order); ``False``: record it now (no TorchDynamo
     compile is running, or the callback cannot be registered)."""
-    from torch._guards import CompileContext
-
-    if not track() or CompileContext.current_compile_id() is None:
+    if not track() or dynamo_hooks.compile_id() is None:
         return False
     with _LOCK:
         if all(r is not record for r in _backend_records):
@@ -84,8 +82,7 @@ def note_graph(record: CompileRecord) -> bool:
 def _on_end(*_: Any) -> None:
     """After each frame TorchDynamo compiles: its new graph-break reasons to their record."""
     global _seen
-    from torch._dynamo.utils import graph_break_reasons
-
+    graph_break_reasons = dynamo_hooks.graph_break_reason_list()
     with _LOCK:
         if len(graph_break_reasons) < _seen:  # torch._dynamo.reset() cleared the list
             _seen = 0

@@ -570,19 +570,25 @@ class Model(torch.nn.Module):
         return self.graph(*args)
 
 
+def tree_leaves(x):
+    if isinstance(x, dict):
+        return [leaf for v in x.values() for leaf in tree_leaves(v)]
+    if isinstance(x, (list, tuple)):
+        return [leaf for v in x for leaf in tree_leaves(v)]
+    return [x]
+
+
 def run(graph, spec, inputs, compile_it):
-    model = Model(graph, spec, inputs)
-    if compile_it:
-        model = torch.compile(model, backend=BACKEND, options=OPTIONS or None)
+    holder = Model(graph, spec, inputs)
+    model = torch.compile(holder, backend=BACKEND, options=OPTIONS or None) if compile_it else holder
     fresh = [x.detach().clone().requires_grad_(x.requires_grad)
              if isinstance(x, torch.Tensor) else x
-             for x, p in zip(inputs, model.slots if not compile_it else model._orig_mod.slots)
+             for x, p in zip(inputs, holder.slots)
              if not p]
     torch.manual_seed(1)
     out = model(*fresh)
-    holder = model if not compile_it else model._orig_mod
     fresh = list(holder.params) + fresh
-    leaves = [o for o in torch.utils._pytree.tree_leaves(out)
+    leaves = [o for o in tree_leaves(out)
               if isinstance(o, torch.Tensor) and o.is_floating_point()]
     g = torch.Generator().manual_seed(0)
     probe = sum((o.float() * torch.randn(o.shape, generator=g).to(o.device)).sum()
@@ -609,7 +615,7 @@ bad = False
 for i, (graph, spec, constants) in enumerate(GRAPHS):
     inputs = make_inputs(spec, constants, SAVED[i] if SAVED is not None else None)
     out_e, grads_e = run(graph(), spec, inputs, False)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     out_c, grads_c = run(graph(), spec, inputs, True)
     errs = [rel(c, e) for c, e in zip(out_c + grads_c, out_e + grads_e)]
     worst = max(errs, default=0.0)

@@ -360,16 +360,9 @@ def _check_passes(passes: Any) -> dict[str, bool]:
 
 
 def _check_inductor_options(options: Mapping[str, Any]) -> None:
-    import torch._inductor.config as inductor_config
+    from hasten.compiler.hooks.inductor import check_option
 
     for key in options:
         if not isinstance(key, str):
             raise TypeError(f"CompileConfig.inductor_options keys must be str, not {key!r}")
-        obj: Any = inductor_config
-        for part in key.split("."):
-            if not hasattr(obj, part):
-                raise ValueError(
-                    f"unknown Inductor option {key!r} in CompileConfig.inductor_options; "
-                    "see torch._inductor.list_options()"
-                )
-            obj = getattr(obj, part)
+        check_option(key)

@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from hasten.compiler.hooks.nn import tree_map_only
+
 if TYPE_CHECKING:
     from hasten.compiler.runtime import CompiledCode
 
@@ -109,7 +111,7 @@ def start_helper(
     payload, log = folder / "payload.pt", folder / "helper.log"
     detach = lambda t: t.detach().clone().requires_grad_(t.requires_grad)  # noqa: E731
     try:
-        inputs = torch.utils._pytree.tree_map_only(torch.Tensor, detach, (args, kwargs))
+        inputs = tree_map_only(torch.Tensor, detach, (args, kwargs))
         torch.save(
             {
                 "module": module,

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hasten.compiler.hooks.nn import tree_map
+
 __all__ = ["autocast_dtype", "grad_scaler", "with_autocast"]
 
 _SCALERS: weakref.WeakKeyDictionary[nn.Module, torch.amp.GradScaler] = weakref.WeakKeyDictionary()
@@ -47,7 +49,7 @@ def with_autocast(
     def autocast_forward(*args: Any, **kwargs: Any) -> Any:
         with torch.autocast(device_type, dtype=dtype):
             out = fn(*args, **kwargs)
-        return torch.utils._pytree.tree_map(
+        return tree_map(
             lambda t: t.to(out_dtype) if isinstance(t, torch.Tensor) and t.dtype == dtype else t,
             out,
         )

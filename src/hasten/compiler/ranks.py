@@ -108,7 +108,7 @@ def rank_gate(wait_s: float, cache_dir: str | None) -> RankGate | None:
     if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) < 2:
         return None
     if cache_dir is None:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
+        from hasten.compiler.hooks.inductor import cache_dir as inductor_cache_dir
 
         try:
             cache_dir = inductor_cache_dir()

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from hasten.compiler.config import CompileConfig
+from hasten.compiler.hooks import nn as nn_hooks
 from hasten.compiler.report import CompileRecord
 from hasten.compiler.runtime import CompiledCode, CompiledForward, Kind
 
@@ -63,12 +64,12 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
             if config.regions == "auto" and not fsdp:
                 _plan(code, module, config)
             return
-        module._compiled_call_impl = None  # its own call runs eagerly, unless it is a region
+        nn_hooks.set_compiled_call(module, None)  # its own call runs eagerly, unless a region
         # read model.loss_function only when it is used: Transformers' property logs a warning
         loss_fn = swappable_loss_function(module) if LOSS == "compiled" and not fsdp else None
         if loss_fn is not None:
             loss_code = CompiledCode("loss_function", "call", config, record, device, torch.float32)
-            module._compiled_call_impl = EagerGlue(module, loss_code, loss_fn)
+            nn_hooks.set_compiled_call(module, EagerGlue(module, loss_code, loss_fn))
         codes: dict[tuple[object, ...], CompiledCode] = {}
         served: dict[tuple[object, ...], int] = {}
         labels: dict[str, int] = {}
@@ -86,7 +87,7 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
                 # FSDP2's parameters are sharded outside the unit's forward: its gradients
                 # cannot be taken by parameter there, so its regions are not checked
                 shared.verify = shared.verify and not fsdp
-            sub._compiled_call_impl = CompiledForward(sub, shared)
+            nn_hooks.set_compiled_call(sub, CompiledForward(sub, shared))
         for key, shared in codes.items():
             shared.shared_by = served[key]  # for its compile log line
         note = (
@@ -98,13 +99,13 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
                 served,
                 config.regions,
                 own,
-                isinstance(module._compiled_call_impl, EagerGlue),
+                isinstance(nn_hooks.compiled_call(module), EagerGlue),
             )
         )
         with record.lock:
             record.fixes.append(note)
 
-    model._compiled_call_impl = CompiledForward(model, code, on_first_call=plan)
+    nn_hooks.set_compiled_call(model, CompiledForward(model, code, on_first_call=plan))
 
 
 LOSS: str = "eager"
@@ -178,13 +179,13 @@ class EagerGlue:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         model = self.model
         if torch.compiler.is_compiling():  # inside a user's compiled function: plain call
-            return model._call_impl(*args, **kwargs)
+            return nn_hooks.call_impl(model, *args, **kwargs)
         slots = model.__dict__
         missing = object()
         before = slots.get("_loss_function", missing)
         slots["_loss_function"] = self.loss
         try:
-            return model._call_impl(*args, **kwargs)
+            return nn_hooks.call_impl(model, *args, **kwargs)
         finally:
             if before is missing:
                 slots.pop("_loss_function", None)

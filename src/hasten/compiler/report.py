@@ -162,6 +162,9 @@ class CompileReport:
         fallback: Why the model runs eagerly, when compiling failed (``None`` otherwise).
         checks: The first-call check of each compiled variant against eager, one line each
             (see :mod:`hasten.compiler.check`).
+        hooks_skipped: hasten's uses of torch internals that this torch lacks, so hasten
+            compiled without them (plain Inductor there), one line each (see
+            :mod:`hasten.compiler.hooks`).
     """
 
     graphs: tuple[GraphInfo, ...]
@@ -173,6 +176,7 @@ class CompileReport:
     fixes: tuple[str, ...]
     fallback: str | None
     checks: tuple[str, ...] = ()
+    hooks_skipped: tuple[str, ...] = ()
 
     @property
     def graph_count(self) -> int:
@@ -190,6 +194,8 @@ class CompileReport:
             lines.append(f"  trap: {fix}")
         for check in self.checks:
             lines.append(f"  first-call check: {check}")
+        for hook in self.hooks_skipped:
+            lines.append(f"  torch hook skipped: {hook}")
         # TorchDynamo can break twice at one line (in the frame that inlined the call, then
         # in the called frame it traces next): listed once, with how often
         seen: Counter[tuple[str, str]] = Counter(
@@ -235,6 +241,7 @@ class CompileRecord:
     pass_stats: list[PassStats] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
+    hooks_skipped: list[str] = field(default_factory=list)
     compile_seconds: float = 0.0
     backend_seconds: float = 0.0
     backend_calls: int = 0
@@ -257,7 +264,9 @@ class CompileRecord:
             self.graphs.append(
                 GraphInfo(len(self.graphs), nodes, tuple(ops.most_common(10)), seconds, variant)
             )
-        if reason is not None and getattr(reason, "graph_break", False) and not note_graph(self):
+        from hasten.compiler.hooks.dynamo import is_graph_break
+
+        if reason is not None and is_graph_break(reason) and not note_graph(self):
             self.add_break(reason)
 
     def add_break(self, reason: Any) -> None:
@@ -286,6 +295,7 @@ class CompileRecord:
                 fixes=tuple(self.fixes),
                 fallback=self.fallback,
                 checks=tuple(self.checks),
+                hooks_skipped=tuple(self.hooks_skipped),
             )
 
 

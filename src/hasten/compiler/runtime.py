@@ -42,6 +42,7 @@ from torch import nn
 from hasten.compiler.backend import HastenBackend
 from hasten.compiler.config import CompileConfig
 from hasten.compiler.hooks import dynamo as dynamo_hooks
+from hasten.compiler.hooks import nn as nn_hooks
 from hasten.compiler.precision import autocast_dtype, with_autocast
 from hasten.compiler.ranks import rank_gate
 from hasten.compiler.report import CompileRecord, Recompile, compile_line, log_line
@@ -76,9 +77,7 @@ class RecompileWarning(UserWarning):
 
 def is_compile_error(err: BaseException) -> bool:
     """Whether ``err`` came from the compiler stack rather than from the model's own code."""
-    import torch._dynamo.exc as dynamo_exc
-
-    return isinstance(err, (dynamo_exc.TorchDynamoException, dynamo_exc.FailOnRecompileLimitHit))
+    return dynamo_hooks.is_compile_error(err)
 
 
 def grad_variant(training: bool) -> str:
@@ -103,7 +102,7 @@ def hasten_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     trace modules whose ``forward`` is torch's own code, such as ``nn.Sequential``: Dynamo skips
     frames of torch's files but inlines them when called from a traced frame.
     """
-    return module._call_impl(*args, **kwargs)
+    return nn_hooks.call_impl(module, *args, **kwargs)
 
 
 def hasten_region(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -179,9 +178,9 @@ class CompiledCode:
             keep_sources=self.verify and not retry,
         )
         self._backends.setdefault(variant, []).append(backend)
-        return torch._dynamo.optimize(
+        return dynamo_hooks.optimize(
             backend,
-            nopython=config.fullgraph,
+            fullgraph=config.fullgraph,
             dynamic=config.dynamic,
             guard_fail_fn=self._on_guard_fail,
         )(_own_code(self.eager, self.label + ("_safe" if retry else ""), variant))
@@ -631,10 +630,10 @@ class CompiledForward:
         # compiled forward, which _call_impl finds as an instance attribute for this one call.
         module, code = self.module, self.code
         if torch.compiler.is_compiling():
-            return module._call_impl(*args, **kwargs)
+            return nn_hooks.call_impl(module, *args, **kwargs)
         module.__dict__["forward"] = lambda *a, **k: code.run(module, a, k)
         try:
-            return module._call_impl(*args, **kwargs)
+            return nn_hooks.call_impl(module, *args, **kwargs)
         finally:
             del module.__dict__["forward"]
 
@@ -643,10 +642,13 @@ class CompiledForward:
         before = graph_break_reasons()
         if plan is not None:
             plan(self.module)
-        now = self.module.__dict__.get("_compiled_call_impl")
+        now = nn_hooks.installed_call(self.module)
         # ``now`` is this object, a region's (the module is an FSDP unit) or None (eager glue)
         try:
-            out = self.module._call_impl(*args, **kwargs) if now is None else now(*args, **kwargs)
+            if now is None:
+                out = nn_hooks.call_impl(self.module, *args, **kwargs)
+            else:
+                out = now(*args, **kwargs)
         except BaseException:
             if now is self:  # the model's own error: the next call is a first call again
                 self._first_call = _nothing_to_plan
@@ -671,19 +673,12 @@ def _nothing_to_plan(module: nn.Module) -> None:
 
 def graph_break_reasons() -> Counter[str]:
     """TorchDynamo's global tally of graph-break and skip reasons (to diff around a call)."""
-    from torch._dynamo.utils import counters
-
-    tally: Counter[str] = Counter()
-    for group in ("graph_break", "unimplemented"):
-        tally.update(counters[group])
-    return tally
+    return dynamo_hooks.graph_break_tally()
 
 
 def nothing_compiled_reason(before: Counter[str]) -> str:
     """Why a call captured no graph: new graph-break reasons since ``before``, or a likely cause."""
-    import torch._dynamo.config as dynamo_config
-
-    if dynamo_config.disable:
+    if dynamo_hooks.disabled():
         return "TorchDynamo is disabled (TORCH_COMPILE_DISABLE=1 or torch._dynamo.config.disable)"
     new = graph_break_reasons() - before
     if new:
@@ -703,19 +698,14 @@ def _cheap_dropout(config: CompileConfig, device_type: str) -> bool:
 def _dropout_matches_eager(config: CompileConfig, device_type: str) -> bool:
     """Whether compiled dropout can draw eager's masks (ATen's RNG: Inductor fallback_random)."""
     from hasten.compiler.backend import inductor_patches
+    from hasten.compiler.hooks.inductor import FALLBACK_RANDOM
 
-    return bool(inductor_patches(config, device_type).get("fallback_random", False))
+    return bool(inductor_patches(config, device_type).get(FALLBACK_RANDOM, False))
 
 
 def _cache_counts() -> tuple[int, int]:
     """Hits and misses of Inductor's FX-graph cache and AOTAutograd's cache, so far."""
-    from torch._dynamo.utils import counters
-
-    ind, aot = counters["inductor"], counters["aot_autograd"]
-    return (
-        ind["fxgraph_cache_hit"] + aot["autograd_cache_hit"],
-        ind["fxgraph_cache_miss"] + aot["autograd_cache_miss"],
-    )
+    return dynamo_hooks.cache_counts()
 
 
 def _own_code(fn: Callable[..., Any], label: str, variant: str) -> Callable[..., Any]:

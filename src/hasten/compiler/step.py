@@ -67,11 +67,11 @@ def fused_kernel(opt: torch.optim.Optimizer, p: torch.Tensor) -> bool:
     device torch has this optimizer's fused kernel for. torch's list of fused devices is shared
     by all optimizers, but not every kernel exists on every device (Adagrad's was CPU-only in
     some releases; a CPU build has no CUDA kernels), so the dispatcher is asked where it can be."""
-    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+    from hasten.compiler.hooks import optim as optim_hooks
 
     if not (p.is_floating_point() and not p.is_sparse):
         return False
-    if p.device.type not in _get_fused_kernels_supported_devices():
+    if p.device.type not in optim_hooks.fused_devices():
         return False
     op = next((_FUSED_OPS[c.__name__] for c in type(opt).__mro__ if c.__name__ in _FUSED_OPS), None)
     if op is None:
@@ -81,10 +81,8 @@ def fused_kernel(opt: torch.optim.Optimizer, p: torch.Tensor) -> bool:
     )
     if key is None:
         return True
-    try:
-        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", key))
-    except RuntimeError:  # the op does not exist in this torch
-        return False
+    has = optim_hooks.has_kernel(op, key)
+    return True if has is None else has  # None: this torch cannot say; trust its device list
 
 
 def fused_supported(opt: torch.optim.Optimizer) -> bool:
@@ -149,7 +147,9 @@ def _to_fused(opt: torch.optim.Optimizer) -> None:
         group["fused"] = True
         group["foreach"] = None
     steps_for_fused(opt, _params(opt))
-    opt._need_device_dtype_check_for_fused = True  # type: ignore[attr-defined]
+    from hasten.compiler.hooks.optim import recheck_fused
+
+    recheck_fused(opt)
 
 
 def _to_inductor(opt: torch.optim.Optimizer, config: Any) -> None:

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hasten.compiler.hooks.nn import tree_leaves
+
 __all__ = ["OddBatches", "apply_fixes", "batch_size", "call_fixes", "unwrap_data_parallel"]
 
 CallFix = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], bool]
@@ -173,7 +175,7 @@ def batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     """
     sizes = [
         t.shape[0]
-        for t in torch.utils._pytree.tree_leaves((args, kwargs))
+        for t in tree_leaves((args, kwargs))
         if isinstance(t, torch.Tensor) and t.dim() > 0
     ]
     return Counter(sizes).most_common(1)[0][0] if sizes else None

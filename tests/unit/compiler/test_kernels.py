@@ -10,7 +10,7 @@ from torch import nn
 
 pytest.importorskip("hasten.compiler")
 
-from hasten.compiler import kernels
+from hasten.compiler.hooks import kernels
 
 pytestmark = pytest.mark.slow
 

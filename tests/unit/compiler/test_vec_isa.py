@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("hasten.compiler")
 
-from hasten.compiler import vec_isa
-from hasten.compiler.vec_isa import start_vec_isa_probe, vec_isa_patch
+from hasten.compiler.hooks import vec_isa
+from hasten.compiler.hooks.vec_isa import start_vec_isa_probe, vec_isa_patch
 
 pytestmark = pytest.mark.skipif(
     platform.machine() not in ("x86_64", "AMD64"), reason="the shortcut is x86-only"
@@ -136,7 +136,7 @@ _HEADER_SCRIPT = """
 import glob, json, os
 import torch
 from torch._inductor import codecache, config
-from hasten.compiler import vec_isa
+from hasten.compiler.hooks import vec_isa
 
 best = vec_isa._claimed()[0]
 assert bool(best)

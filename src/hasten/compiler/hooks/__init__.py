@@ -147,4 +147,12 @@ def table() -> str:
 
 def _load_all() -> None:
     # Importing a module registers its hooks; none of them imports torch's internals at import.
-    from hasten.compiler.hooks import dynamo  # noqa: F401
+    from hasten.compiler.hooks import (  # noqa: F401
+        dynamo,
+        inductor,
+        kernels,
+        nn,
+        optim,
+        split,
+        vec_isa,
+    )

@@ -23,6 +23,7 @@ __all__ = [
     "graph_break_tally",
     "has_end_callback",
     "is_compile_error",
+    "is_graph_break",
     "is_optimized_module",
     "optimize",
     "recompile_limit",
@@ -88,6 +89,11 @@ def is_compile_error(err: BaseException) -> bool:
         if isinstance(k, type)
     )
     return bool(kinds) and isinstance(err, kinds)
+
+
+def is_graph_break(reason: Any) -> bool:
+    """Whether Dynamo's ``GraphCompileReason`` ``reason`` ended its graph at a graph break."""
+    return bool(getattr(reason, "graph_break", False))
 
 
 def is_optimized_module(obj: object) -> bool:

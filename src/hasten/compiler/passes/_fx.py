@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from hasten.compiler.hooks.nn import tree_leaves
+
 __all__ = [
     "example_value",
     "is_call",
@@ -84,7 +86,7 @@ def set_example_value(
         return v
 
     vals = torch.fx.node.map_arg((args, kwargs), value)
-    fakes = [v for v in torch.utils._pytree.tree_leaves(vals) if isinstance(v, torch.Tensor)]
+    fakes = [v for v in tree_leaves(vals) if isinstance(v, torch.Tensor)]
     mode = getattr(fakes[0], "fake_mode", None) if fakes else None
     if missing or mode is None:
         return

@@ -31,7 +31,7 @@ def unfuse_bias_add(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
 ) -> torch.fx.GraphModule:
     """CPU fp32 ``addmm`` whose uses are all pointwise -> ``mm`` + bias add fused into them."""
-    from torch._inductor.utils import is_pointwise_use
+    from hasten.compiler.hooks.inductor import is_pointwise_use
 
     graph = gm.graph
     for node in list(graph.find_nodes(op="call_function", target=aten.addmm.default)):

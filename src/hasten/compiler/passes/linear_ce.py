@@ -42,6 +42,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from hasten.compiler.hooks.nn import LINEAR_TARGETS
 from hasten.compiler.passes._fx import arg, example_value, is_call
 from hasten.compiler.passes.registry import record, register_pass
 
@@ -216,7 +217,7 @@ def _match(ce: torch.fx.Node) -> tuple[torch.fx.Node, Any, Any, Any] | None:
         return None  # probabilities as targets
     node = x
     while isinstance(node, torch.fx.Node) and len(node.users) == 1:
-        if is_call(node, (F.linear, torch._C._nn.linear)):
+        if is_call(node, LINEAR_TARGETS):
             break
         if not (is_call(node, _SHAPE_FUNCTIONS, _SHAPE_METHODS) and _shape_only(node)):
             return None

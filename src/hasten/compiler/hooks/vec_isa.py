@@ -25,7 +25,10 @@ hasten does three things about it:
   which Inductor would otherwise do at its first kernel.
 
 Off x86 Linux, when the top ISA fails, or when anything in the probe raises, nothing changes:
-Inductor probes as usual.
+Inductor probes as usual. On a torch whose internals differ from what this module calls, its
+probes (``inductor.vec_isa``, ``inductor.kernel_header``, ``inductor.vec_isa_small_checks``,
+see :mod:`hasten.compiler.hooks`) fail and the part they guard is skipped: Inductor probes and
+precompiles as usual.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from concurrent.futures import Future
 from typing import Any
 
 import torch
+
+from hasten.compiler.hooks import register, usable
 
 __all__ = ["start_vec_isa_probe", "vec_isa_patch"]
 
@@ -66,16 +71,65 @@ while the thread imported ``torch._inductor``. ``test_vec_isa.py`` checks that t
 nothing on its own."""
 
 
+@register("inductor.vec_isa", "Inductor's CPU ISA probe once per cache directory (cpp.vec_isa_ok)")
+def _probe_vec_isa() -> str | None:
+    import importlib
+
+    for name in _THREAD_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            return str(err)
+    from torch._inductor import config, cpp_builder, cpu_vec_isa
+
+    if not hasattr(getattr(config, "cpp", None), "vec_isa_ok"):
+        return "no Inductor config cpp.vec_isa_ok"
+    for owner, attr in (
+        (cpu_vec_isa, "x86_isa_checker"),
+        (cpu_vec_isa, "supported_vec_isa_list"),
+        (cpu_vec_isa.VecISA, "check_build"),
+        (cpu_vec_isa.VecISA, "_avx_code"),
+        (cpp_builder, "get_cpp_compiler"),
+    ):
+        if not hasattr(owner, attr):
+            return f"no {getattr(owner, '__name__', owner)}.{attr}"
+    return None
+
+
+@register("inductor.vec_isa_small_checks", "Inductor's small per-ISA checks built in advance")
+def _probe_small_checks() -> str | None:
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    return None if hasattr(VecISA, "_VecISA__bool__impl") else "no VecISA.__bool__impl"
+
+
+@register("inductor.kernel_header", "Inductor's kernel header precompiled off the critical path")
+def _probe_kernel_header() -> str | None:
+    from torch._inductor import codecache, config, cpp_builder
+
+    loader = getattr(codecache, "CppPythonBindingsCodeCache", None)
+    for owner, attr in (
+        (loader, "_get_uncompiled_header"),
+        (loader, "cpp_compile_command_flags"),
+        (codecache, "_precompile_header"),
+        (config, "cpp_cache_precompile_headers"),
+        (config, "is_fbcode"),
+        (cpp_builder, "CppBuilder"),
+        (cpp_builder, "CppTorchDeviceOptions"),
+    ):
+        if owner is None or not hasattr(owner, attr):
+            return f"no {getattr(owner, '__name__', owner)}.{attr}"
+    return None
+
+
 def start_vec_isa_probe(directory: str) -> None:
     """Work out :func:`vec_isa_patch` for cache ``directory`` in a daemon thread (at most once).
 
     The thread's imports happen here, in the caller's thread (see :data:`_THREAD_IMPORTS`); they
     are ones Inductor's first compile makes anyway (about 1 s, moved from the first call here).
     """
-    import importlib
-
-    for name in _THREAD_IMPORTS:
-        importlib.import_module(name)
+    if not usable("inductor.vec_isa"):  # the probe imported _THREAD_IMPORTS, or failed to
+        return
     _future(directory, background=True)
 
 
@@ -85,8 +139,10 @@ def vec_isa_patch(directory: str | None = None) -> dict[str, Any]:
     ``directory`` defaults to Inductor's cache directory. Waits for a probe already started for it
     by :func:`start_vec_isa_probe`; worked out once per process and directory.
     """
+    if not usable("inductor.vec_isa"):
+        return {}
     if directory is None:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        from hasten.compiler.hooks.inductor import cache_dir
 
         directory = cache_dir()
     return dict(_future(directory, background=False).result())
@@ -135,6 +191,8 @@ def _build_small_checks(isas: list[Any]) -> None:
     thread). A twin compiles with the same flags in the same order as the ISA itself, so the
     builds land under the keys Inductor looks up; its outcome is not used.
     """
+    if not usable("inductor.vec_isa_small_checks"):
+        return
     for isa in isas:
         cls = type(isa)
         twin_cls = type(
@@ -157,6 +215,8 @@ def _build_kernel_header(isa: Any) -> None:
     call, with the arguments Inductor's kernel loader passes, in order, so Inductor's in-process
     memo of it hits and the file is found built. Only for the ISA Inductor picks by default.
     """
+    if not usable("inductor.kernel_header"):
+        return
     from torch._inductor import codecache, config
     from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
 

@@ -15,6 +15,11 @@ differs, so the numerics are the same. A kernel whose source includes more than 
 prefix header is built Inductor's way, as is every kernel when only one compile thread is
 allowed (Inductor then loads kernels at once, not at ``wait``); and if a library fails to build,
 its kernels are built one by one, Inductor's way, so a packaging problem costs time, never a run.
+
+It patches Inductor's internals (``AsyncCompile.cpp_pybinding``, the code templates and loader of
+``CppPythonBindingsCodeCache``): on a torch where any of them is missing, the probe
+``inductor.batched_kernels`` fails and :func:`batched_kernels` does nothing (Inductor's own way,
+one library per kernel; see :mod:`hasten.compiler.hooks`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
+
+from hasten.compiler.hooks import register, usable
 
 __all__ = ["BATCH", "batched_kernels"]
 
@@ -43,10 +50,37 @@ _PATCH_LOCK = threading.Lock()
 _DEPTH = [0]
 
 
+@register("inductor.batched_kernels", "CPU kernels of a graph built a few to a library")
+def _probe() -> str | None:
+    import torch
+    from torch._inductor import async_compile, codecache
+
+    cache = getattr(codecache, "CppPythonBindingsCodeCache", None)
+    for owner, attr in (
+        (getattr(async_compile, "AsyncCompile", None), "cpp_pybinding"),
+        (getattr(async_compile, "AsyncCompile", None), "submit"),
+        (async_compile, "get_compile_threads"),
+        (codecache, "LambdaFuture"),
+        (codecache, "CodeCacheFuture"),
+        (cache, "suffix_template"),
+        (cache, "call_entry_function"),
+        (cache, "extra_parse_arg"),
+        (cache, "load_async"),
+        (cache, "_load_library_inner"),
+        (getattr(torch._C, "_dynamo", None), "guards"),
+    ):
+        if owner is None or not hasattr(owner, attr):
+            return f"no {getattr(owner, '__name__', owner)}.{attr}"
+    if not hasattr(torch._C._dynamo.guards, "_torchinductor_pyobject_tensor_data_ptr"):
+        return "no torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr"
+    return None
+
+
 @contextlib.contextmanager
 def batched_kernels() -> Iterator[None]:
-    """Batch the CPU kernels graph modules define while this is active (re-entrant)."""
-    if not BATCH:
+    """Batch the CPU kernels graph modules define while this is active (re-entrant); nothing
+    when ``BATCH`` is off or this torch lacks what the batching patches."""
+    if not BATCH or not usable("inductor.batched_kernels"):
         yield
         return
     from torch._inductor.async_compile import AsyncCompile
