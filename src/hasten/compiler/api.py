@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,8 @@ from hasten.compiler.config import (
     PrecisionAlias,
     Regions,
     Start,
+    compile_at_once,
+    resolve_config,
 )
 from hasten.compiler.hooks import dynamo as dynamo_hooks
 from hasten.compiler.hooks import nn as nn_hooks
@@ -37,7 +38,7 @@ from hasten.compiler.hooks.vec_isa import start_vec_isa_probe
 from hasten.compiler.optimizer import watch as watch_optimizers
 from hasten.compiler.precision import attach_grad_scaler
 from hasten.compiler.regions import install
-from hasten.compiler.report import CompileRecord, CompileReport
+from hasten.compiler.report import RECORDS, CompileRecord, CompileReport
 from hasten.compiler.traps import apply_fixes, call_fixes, unwrap_data_parallel
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["compile", "compile_report", "compile_step", "explain", "verify"]
 
-_RECORDS: weakref.WeakKeyDictionary[nn.Module, CompileRecord] = weakref.WeakKeyDictionary()
+_RECORDS = RECORDS  # the records live in report.py, which traps.py reads too
 
 
 class _Unset:
@@ -169,19 +170,8 @@ def compile_report(model: nn.Module) -> CompileReport:
     return record.report()
 
 
-def _config(config: CompileConfig | None, overrides: dict[str, Any]) -> CompileConfig:
-    if config is not None and not isinstance(config, CompileConfig):
-        raise TypeError(
-            f"config must be a hasten.CompileConfig or None, not {type(config).__name__}; "
-            "pass settings as keywords, e.g. hasten.compile(model, precision='bf16')"
-        )
-    cfg = config or CompileConfig()
-    return cfg.replace(**overrides) if overrides else cfg
-
-
-def _at_once(cfg: CompileConfig) -> CompileConfig:
-    """``cfg`` compiling at the first call: ``regions="auto"``'s plan would start eagerly."""
-    return cfg.replace(regions="whole") if cfg.regions == "auto" else cfg
+_config = resolve_config
+_at_once = compile_at_once
 
 
 def _check_model(model: Any) -> nn.Module:

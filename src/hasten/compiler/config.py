@@ -31,7 +31,9 @@ __all__ = [
     "REGIONS",
     "STARTS",
     "CompileConfig",
+    "compile_at_once",
     "normalize_precision",
+    "resolve_config",
 ]
 
 Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -357,6 +359,22 @@ def _check_passes(passes: Any) -> dict[str, bool]:
             raise TypeError(f"CompileConfig.passes[{name!r}] must be True or False, not {on!r}")
         out[name] = on
     return out
+
+
+def resolve_config(config: CompileConfig | None, overrides: dict[str, Any]) -> CompileConfig:
+    """The config a call of ``hasten.compile(model, config, **overrides)`` compiles with."""
+    if config is not None and not isinstance(config, CompileConfig):
+        raise TypeError(
+            f"config must be a hasten.CompileConfig or None, not {type(config).__name__}; "
+            "pass settings as keywords, e.g. hasten.compile(model, precision='bf16')"
+        )
+    cfg = config or CompileConfig()
+    return cfg.replace(**overrides) if overrides else cfg
+
+
+def compile_at_once(cfg: CompileConfig) -> CompileConfig:
+    """``cfg`` compiling at the first call: ``regions="auto"``'s plan would start eagerly."""
+    return cfg.replace(regions="whole") if cfg.regions == "auto" else cfg
 
 
 def _check_inductor_options(options: Mapping[str, Any]) -> None:

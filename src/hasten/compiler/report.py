@@ -12,6 +12,7 @@ import logging
 import re
 import sys
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ __all__ = [
     "graph_break_from",
     "graph_shape",
     "log_line",
+    "record_of",
+    "remember",
     "suggest_fix",
 ]
 
@@ -297,6 +300,20 @@ class CompileRecord:
                 checks=tuple(self.checks),
                 hooks_skipped=tuple(self.hooks_skipped),
             )
+
+
+RECORDS: weakref.WeakKeyDictionary[Any, CompileRecord] = weakref.WeakKeyDictionary()
+"""The record of every model ``hasten.compile`` compiled (and of its DDP wrapper), by model."""
+
+
+def remember(model: Any, record: CompileRecord) -> None:
+    """Keep ``record`` as ``model``'s (for :func:`record_of` and ``compile_report``)."""
+    RECORDS[model] = record
+
+
+def record_of(model: Any) -> CompileRecord | None:
+    """The record of a model ``hasten.compile`` compiled (``None`` for any other object)."""
+    return RECORDS.get(model)
 
 
 GraphShape = tuple[int, "Counter[str]", Any]

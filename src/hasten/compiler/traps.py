@@ -160,9 +160,9 @@ def _problem_type_fix(where: str, setter: str = "forward") -> CallFix:
 
 
 def _note(model: nn.Module, line: str) -> None:
-    from hasten.compiler.api import _RECORDS
+    from hasten.compiler.report import record_of
 
-    record = _RECORDS.get(model)
+    record = record_of(model)
     if record is not None:
         with record.lock:
             record.fixes.append(line)

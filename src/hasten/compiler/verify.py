@@ -108,12 +108,13 @@ def verify_training(
 ) -> VerifyResult:
     """The body of :func:`hasten.verify` (see there)."""
     from hasten.compiler import api
+    from hasten.compiler.config import compile_at_once, resolve_config
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if not callable(loss_fn) or not callable(optimizer_factory):
         raise TypeError("loss_fn and optimizer_factory must be callables (see hasten.verify)")
-    cfg = api._at_once(api._config(config, {}).replace(fallback="eager"))
+    cfg = compile_at_once(resolve_config(config, {}).replace(fallback="eager"))
     eager, compiled = copy.deepcopy(model), copy.deepcopy(model)
     notes: list[str] = []
     if disable_dropout:
