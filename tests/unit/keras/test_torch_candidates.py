@@ -64,3 +64,22 @@ def test_the_choice_line_is_shown_once(run, case):
 
 def test_verbose_false_prints_nothing(run):
     assert "hasten.keras:" not in run[1].get("quiet", "")
+
+
+def test_the_runs_length_decides_with_the_compiling_step_counted(run):
+    result, _ = run
+    r = result["run"]
+    # 50 steps: keras 0.01 s + 49 x 10 ms beats keras+jit's 5 s and hasten's 2 s first steps
+    assert r["short"] == ["keras", 50] and "over the run's 50 steps" in r["short_reason"]
+    # 10,000 steps: keras+jit's 4 ms steps pay back its 5 s compile, and beat hasten's 6 ms
+    assert r["long"] == ["keras+jit", 10000]
+    # epochs x len(PyDataset): hasten's compiler chosen, and told the run's length
+    assert r["hasten"] == ["hasten", 15] and r["hasten_plan_steps"] == 15
+
+
+def test_a_half_given_run_length_is_named(run):
+    result, _ = run
+    first, second, third = result["errors"]
+    assert "steps_per_epoch=ceil(len(x) / batch_size)" in first
+    assert "pass epochs=" in second
+    assert "epochs must be an int >= 1" in third
