@@ -582,7 +582,7 @@ _DOCTOR_HEADINGS = {
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from hasten.bench.doctor import GROUPS, run_checks
+    from hasten.doctor import GROUPS, run_checks
 
     checks = run_checks()
     marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}

@@ -65,7 +65,7 @@ def test_runtime_errors_are_one_line_not_a_traceback(capsys):
 def test_doctor_prints_checks_and_writes_json(tmp_path, capsys, monkeypatch):
     """Required checks first, then the optional packages; with no extra installed (as after a
     plain ``pip install hasten``) those are information with the install line, not warnings."""
-    from hasten.bench import doctor
+    from hasten import doctor
 
     monkeypatch.setattr(doctor, "_installed_version", lambda dist, module: None)
     path = tmp_path / "doctor.json"

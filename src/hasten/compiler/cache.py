@@ -317,7 +317,7 @@ def _manifest(scanned: CacheScan) -> dict[str, object]:
     from hasten import __version__
 
     try:
-        from hasten.bench.machine import cpu_model
+        from hasten.machine import cpu_model
 
         cpu = cpu_model()
     except Exception:  # the bench extras are optional; the CPU is informative only

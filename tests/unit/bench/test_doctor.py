@@ -1,4 +1,4 @@
-from hasten.bench.doctor import Check, run_checks
+from hasten.doctor import Check, run_checks
 
 
 def test_checks_run_and_name_fixes():
@@ -36,7 +36,7 @@ def test_checks_are_grouped_required_first_then_optional():
 
 def test_missing_optional_package_is_information_with_the_extra(monkeypatch):
     """A correct install without extras gets no warning, only the line that would add each."""
-    from hasten.bench import doctor
+    from hasten import doctor
 
     monkeypatch.setattr(doctor, "package_version", lambda name: None)
     optional = {c.name: c for c in doctor._optional()}
@@ -55,7 +55,7 @@ def test_every_optional_fix_names_an_extra_the_package_declares():
     import pytest
 
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    from hasten.bench import doctor
+    from hasten import doctor
 
     pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
     extras = set(tomllib.loads(pyproject.read_text("utf-8"))["project"]["optional-dependencies"])
@@ -64,10 +64,31 @@ def test_every_optional_fix_names_an_extra_the_package_declares():
 
 
 def test_tensorflow_cpu_counts_as_tensorflow(monkeypatch):
-    from hasten.bench import doctor
+    from hasten import doctor
 
     versions = {"tensorflow-cpu": "2.21.0"}
     monkeypatch.setattr(doctor, "package_version", versions.get)
     monkeypatch.setattr(doctor.importlib.util, "find_spec", lambda name: object())
     assert doctor._installed_version("tensorflow", "tensorflow") == "2.21.0"
     assert doctor._installed_version("keras", "keras") is None
+
+
+def test_torch_hooks_check_says_what_this_torch_lacks(monkeypatch):
+    from hasten import doctor
+    from hasten.compiler import hooks
+
+    hooks.missing.cache_clear()
+    try:
+        assert doctor._torch_hooks().status == "ok"  # the pinned torch has every hook
+        optional = hooks.Hook("test.opt", "a speed-up", lambda: "gone", required=False)
+        monkeypatch.setitem(hooks._HOOKS, "test.opt", optional)
+        hooks.missing.cache_clear()
+        check = doctor._torch_hooks()
+        assert check.status == "info" and "test.opt" in check.detail
+        required = hooks.Hook("test.req", "the frame hook", lambda: "gone", required=True)
+        monkeypatch.setitem(hooks._HOOKS, "test.req", required)
+        hooks.missing.cache_clear()
+        check = doctor._torch_hooks()
+        assert check.status == "fail" and "test.req" in check.detail and "torch>=" in check.fix
+    finally:
+        hooks.missing.cache_clear()

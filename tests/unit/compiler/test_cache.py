@@ -136,7 +136,7 @@ def test_cli_cache_show_clear_export_import(fake_cache, tmp_path, capsys):
 
 
 def test_doctor_reports_a_truncated_kernel(fake_cache, monkeypatch):
-    from hasten.bench import doctor
+    from hasten import doctor
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(fake_cache))
     assert doctor._cache().status == "ok"
