@@ -110,10 +110,9 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
 
 LOSS: str = "eager"
 """What runs a Transformers model's loss function in block mode: ``"eager"`` (default) or
-``"compiled"`` (its own region, :class:`EagerGlue`). Measured on GPT-2 124M, block mode, 2 cores:
-compiled saves about 60 ms of a 2.1 s step (order-corrected, two 10-round in-process A/Bs) but
-adds 2.5-3.0 s to the cold first call (14.6 -> 17.0-17.6 s); block mode is the choice for a fast
-start, so it stays eager (docs/compiler.md#regions)."""
+``"compiled"`` (its own region, :class:`EagerGlue`). Compiled saved a little of each step and
+cost more of the cold first call; block mode is the choice for a fast start, so it stays eager
+(measurements: docs/compiler.md#regions)."""
 
 
 def _plan(code: CompiledCode, module: nn.Module, config: CompileConfig) -> None:

@@ -2,10 +2,8 @@
 
 Inductor's CPU code defines each fused kernel with ``async_compile.cpp_pybinding(argtypes,
 source)``: one C++ file, one compiler process and one shared library per kernel. Most of that
-process is fixed cost: measured on a GPT-2 block kernel here (2 cores, Xeon), 0.57 s a kernel, of
-which loading the 155 MB precompiled header is 0.38 s and linking 0.09 s; the kernel's own code
-0.11 s. A GPT-2 block's forward and backward have 18 kernels, so 10 of those seconds on 2 cores
-were the same header read 18 times.
+process is fixed cost (loading the precompiled header, linking), paid once per kernel; the
+measurements are in docs/compiler.md ("Kernel libraries").
 
 While hasten's backend compiles (:func:`batched_kernels`), the kernels a graph module defines are
 collected instead and, at the module's ``async_compile.wait``, built as one library per compile

@@ -3,8 +3,8 @@
 Before its first CPU kernel, Inductor checks every SIMD ISA the CPU's flags claim (on this
 project's Xeon: AMX, AVX-512 VNNI, AVX-512, AVX2) by compiling a test library against ATen's
 vector headers and loading it in a child Python, plus smaller checks (VNNI, AMX tiles, AVX-512
-bf16). Measured here (2 cores, quiet): 8.7 s in a process whose cache is cold (four 1.7 s header
-builds, six 0.3 s small ones), 1.24 s warm, in every new process, before any kernel compiles.
+bf16): seconds in a process whose cache is cold, and still a second in every new process, before
+any kernel compiles (measured in docs/compiler.md, "Compile time").
 
 hasten does three things about it:
 
@@ -208,7 +208,7 @@ def _build_small_checks(isas: list[Any]) -> None:
 def _build_kernel_header(isa: Any) -> None:
     """Precompile the header every CPU kernel includes, as Inductor will for ``isa``.
 
-    Inductor precompiles ``cpp_prefix.h`` (a 155 MB ``.gch``, 4.3 s here) at its first kernel,
+    Inductor precompiles ``cpp_prefix.h`` (a large ``.gch``, seconds to build) at its first kernel,
     once per machine (the file lives in ``<tmp>/torchinductor_<user>/precompiled_headers``, not in
     the cache directory, so a fresh node pays it even after ``hasten cache import``), and
     preprocesses it once per process (0.14 s) to check the file is current. This makes the same
