@@ -102,7 +102,7 @@ def hasten_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     trace modules whose ``forward`` is torch's own code, such as ``nn.Sequential``: Dynamo skips
     frames of torch's files but inlines them when called from a traced frame.
     """
-    return nn_hooks.call_impl(module, *args, **kwargs)
+    return nn_hooks.own_call(module)(*args, **kwargs)
 
 
 def hasten_region(module: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -26,6 +26,7 @@ __all__ = [
     "call_impl",
     "compiled_call",
     "installed_call",
+    "own_call",
     "set_compiled_call",
     "tree_leaves",
     "tree_map",
@@ -50,6 +51,13 @@ def _probe() -> str | None:
 def call_impl(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """``module``'s own call, hooks and ``forward``, bypassing a compiled call installed on it."""
     return module._call_impl(*args, **kwargs)
+
+
+def own_call(module: nn.Module) -> Callable[..., Any]:
+    """``module``'s own call as a bound method, for code TorchDynamo traces: calling it from the
+    traced function keeps this module's frame off the stack (a frame in between would be one
+    more frame a graph break breaks, and resumes, in)."""
+    return module._call_impl
 
 
 def set_compiled_call(module: nn.Module, fn: Callable[..., Any] | None) -> None:
