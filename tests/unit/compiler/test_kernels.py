@@ -10,6 +10,7 @@ from torch import nn
 
 pytest.importorskip("hasten.compiler")
 
+from hasten.compiler import hooks
 from hasten.compiler.hooks import kernels
 
 pytestmark = pytest.mark.slow
@@ -68,10 +69,26 @@ def _libraries(root) -> tuple[int, int]:
     return batched, single
 
 
+@pytest.fixture(autouse=True)
+def _fresh_probes():
+    hooks.missing.cache_clear()
+    if not hooks.usable("inductor.batched_kernels"):  # then hasten compiles Inductor's way
+        pytest.skip(
+            f"batched kernels are off on this torch: {hooks.missing('inductor.batched_kernels')}"
+        )
+    yield
+    hooks.missing.cache_clear()
+
+
 def _compiled(batch: bool, monkeypatch, cache_dir) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     import hasten
 
-    monkeypatch.setattr(kernels, "BATCH", batch)
+    # off: the hook's probe says no, as on a torch without Inductor's internals it patches
+    name = "inductor.batched_kernels"
+    real = hooks._HOOKS[name]
+    probe = real.probe if batch else (lambda: "switched off by the test")
+    monkeypatch.setitem(hooks._HOOKS, name, hooks.Hook(name, real.what, probe))
+    hooks.missing.cache_clear()
     torch.manual_seed(0)
     model = hasten.compile(Net(), fallback="raise", cache_dir=cache_dir, regions="whole")
     return _steps(model)

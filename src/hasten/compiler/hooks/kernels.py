@@ -34,10 +34,7 @@ from typing import Any, ClassVar
 
 from hasten.compiler.hooks import register, usable
 
-__all__ = ["BATCH", "batched_kernels"]
-
-BATCH: bool = True
-"""Whether :func:`batched_kernels` batches (tests and A/B measurements switch it off)."""
+__all__ = ["batched_kernels"]
 
 _PREFIX = "#include <torch/csrc/inductor/cpp_prefix.h>"
 _HEAD = (
@@ -48,10 +45,20 @@ _PATCH_LOCK = threading.Lock()
 _DEPTH = [0]
 
 
+# The oldest torch the batching's tests passed on: on torch 2.6 the attributes below all exist but
+# Inductor's build layout differs (its kernels were not found built), so older releases get
+# Inductor's own way.
+_TESTED_FROM = (2, 13)
+
+
 @register("inductor.batched_kernels", "CPU kernels of a graph built a few to a library")
 def _probe() -> str | None:
     import torch
     from torch._inductor import async_compile, codecache
+
+    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if version < _TESTED_FROM:  # below the declared floor too: a user may still run one
+        return f"tested on torch>={_TESTED_FROM[0]}.{_TESTED_FROM[1]} only"
 
     cache = getattr(codecache, "CppPythonBindingsCodeCache", None)
     for owner, attr in (
@@ -77,8 +84,8 @@ def _probe() -> str | None:
 @contextlib.contextmanager
 def batched_kernels() -> Iterator[None]:
     """Batch the CPU kernels graph modules define while this is active (re-entrant); nothing
-    when ``BATCH`` is off or this torch lacks what the batching patches."""
-    if not BATCH or not usable("inductor.batched_kernels"):
+    when this torch lacks what the batching patches (tests switch it off the same way)."""
+    if not usable("inductor.batched_kernels"):
         yield
         return
     from torch._inductor.async_compile import AsyncCompile
