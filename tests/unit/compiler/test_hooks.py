@@ -214,3 +214,12 @@ def test_no_private_torch_api_outside_the_boundary():
                 continue
             found.append(f"{rel}:{n}: {code.strip()}")
     assert not found, "private torch API outside hasten/compiler/hooks:\n" + "\n".join(found)
+
+
+def test_the_declared_floor_is_the_one_pyproject_declares():
+    import pathlib
+    import re
+
+    pyproject = pathlib.Path(__file__).resolve().parents[3] / "pyproject.toml"
+    found = re.search(r'"torch(>=[0-9.]+)"', pyproject.read_text("utf-8"))
+    assert found is not None and found.group(1) == hooks.SUPPORTED_TORCH

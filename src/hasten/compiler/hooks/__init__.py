@@ -45,8 +45,10 @@ __all__ = [
     "usable",
 ]
 
-SUPPORTED_TORCH = ">=2.6"
-"""The torch range the test suite passes on (``pyproject.toml`` declares the same floor)."""
+SUPPORTED_TORCH = ">=2.13"
+"""The torch range the test suite passes on (``pyproject.toml`` declares the same floor): the
+pin (2.13) and the newest release (2.15) pass; torch 2.6 compiles (five optional hooks skipped)
+but 24 of the suite's 462 tests fail there (docs/compiler.md)."""
 
 
 class HookUnavailableError(RuntimeError):
