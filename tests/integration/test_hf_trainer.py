@@ -270,6 +270,8 @@ def test_resume_from_a_checkpoint_continues_the_sifted_stream(tmp_path):
     saved = torch.load(
         tmp_path / "a" / "checkpoint-5" / "hasten_sifting_rank0.pt", weights_only=True
     )
+    assert saved["world_size"] == 1  # the run's process count, checked on resume
+    saved = saved["state"]
     assert saved["in_pass"] and saved["loader"]["buffer"]["count"] > 0  # kept rows in flight
     resumed = run(tmp_path / "a", resume=str(tmp_path / "a" / "checkpoint-5"))
     # steps 6 and 7 trained on exactly the batches of the uninterrupted run
@@ -352,6 +354,13 @@ def test_a_sifting_state_file_that_needs_pickle_is_refused_with_the_fix(tmp_path
     torch.save(old, path)
     with pytest.raises(ValueError, match=r"earlier hasten.*delete"):
         _load_stream_state(stream, str(path))
+    # a state file records the run's process count: another one is refused, naming both
+    torch.save({"world_size": 2, "state": stream.state_dict()}, path)
+    with pytest.raises(ValueError, match=r"from 2 process\(es\), this run has 1.*delete"):
+        _load_stream_state(stream, str(path))
+    # an earlier hasten's bare state (no process count) still loads
+    torch.save(stream.state_dict(), path)
+    _load_stream_state(stream, str(path))
 
 
 def _tokenizer():

@@ -73,8 +73,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -82,6 +81,13 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from hasten.integrations._front_end import is_pruning_config
+from hasten.integrations.core import (
+    PrunedPasses,
+    RankState,
+    catch_up,
+    full_data_steps,
+    training_calls,
+)
 from hasten.integrations.epochs import SiftedEpochs, expected_batches
 from hasten.integrations.lightning_metrics import TrainingMetricsRecorder, _callback_bases
 from hasten.sifting import (
@@ -90,7 +96,6 @@ from hasten.sifting import (
     coerce_pruning_config,
     coerce_sift_config,
 )
-from hasten.sifting.core import dist as _dist
 
 __all__ = [
     "Compile",
@@ -197,41 +202,36 @@ class _LightningEpochs(SiftedEpochs):
             self.trainer.should_stop = True
 
     def state_dict(self) -> dict[str, Any]:
-        return _every_rank("ranks", super().state_dict())
+        return _STREAM_STATE.gather(super().state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        own = _this_rank(
-            state,
-            "ranks",
-            not_ours="this Lightning checkpoint's train dataloader state is not a hasten sifting "
-            "stream's; resume with the DataModule that wrote it, or pass checkpoint=False "
-            "to sifting_dataloader to start a fresh sifted stream",
-            other_world="the checkpoint's sifting state comes from {saved} process(es), this run "
-            "has {world}: the sifted stream resumes exactly only with the same number of "
-            "processes. Pass checkpoint=False to sifting_dataloader to start a fresh "
-            "sifted stream instead",
-        )
-        own = dict(own)
+        own = dict(_STREAM_STATE.own(state))
         own["epoch_length"] = self.epoch_length  # Lightning plans the epochs; see the class doc
         super().load_state_dict(own)
 
 
-def _every_rank(key: str, state: Any) -> dict[str, Any]:
-    """Every rank's ``state`` under ``key`` (Lightning saves rank 0's checkpoint only); a
-    collective: every rank must call it."""
-    return {"world_size": _dist.world_size(), key: _dist.all_gather_objects(state)}
+_STREAM_STATE = RankState(
+    "ranks",
+    not_ours="this Lightning checkpoint's train dataloader state is not a hasten sifting "
+    "stream's; resume with the DataModule that wrote it, or pass checkpoint=False "
+    "to sifting_dataloader to start a fresh sifted stream",
+    other_world="the checkpoint's sifting state comes from {saved} process(es), this run "
+    "has {world}: the sifted stream resumes exactly only with the same number of "
+    "processes. Pass checkpoint=False to sifting_dataloader to start a fresh "
+    "sifted stream instead",
+)
+"""Every rank's sifted stream in rank 0's checkpoint (Lightning saves rank 0's only)."""
 
-
-def _this_rank(state: Any, key: str, *, not_ours: str, other_world: str) -> Any:
-    """This rank's entry of an :func:`_every_rank` state; ``not_ours`` when ``state`` is not one,
-    ``other_world`` (with ``{saved}`` and ``{world}``) when it comes from another process count."""
-    ranks = state.get(key) if isinstance(state, dict) else None
-    if not isinstance(ranks, list):
-        raise ValueError(not_ours)
-    world = _dist.world_size()
-    if len(ranks) != world:
-        raise ValueError(other_world.format(saved=len(ranks), world=world))
-    return ranks[_dist.rank()]
+_PRUNING_STATE = RankState(
+    "pruning",
+    not_ours="this checkpoint's train dataloader state is not a hasten pruning sampler's; "
+    "resume with the same Sifting config, or pass Sifting(..., checkpoint=False) "
+    "to start a fresh sampler",
+    other_world="the checkpoint's pruning state comes from {saved} process(es), this run "
+    "has {world}: resume with the same number of processes, or pass "
+    "Sifting(..., checkpoint=False)",
+)
+"""Every rank's pruned passes in rank 0's checkpoint."""
 
 
 def _restore_at_epoch_boundary(trainer: Any, stream: Any) -> None:
@@ -421,8 +421,6 @@ class Sifting(TrainingMetricsRecorder):
         self.sampler: PruningSampler | None = None
         self._loader: _PrunedLoader | None = None
         self._undo: list[Any] = []
-        self._planned = 0  # batches of a full epoch, what Lightning plans by
-        self._epoch_batches = 0  # batches of the epoch in progress
 
     # ------------------------------------------------------------------ hooks
 
@@ -445,16 +443,12 @@ class Sifting(TrainingMetricsRecorder):
         while self._undo:
             self._undo.pop()()
 
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        if self.pruning and self._loader is not None:
-            self._epoch_batches = len(self._loader)  # planned by now (Lightning's set_epoch)
-
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if self.pruning and self.sampler is not None and trainer.max_steps == -1:
-            self._catch_up_schedules(trainer, batch_idx + 1)
+        if self.pruning and self._loader is not None and trainer.max_steps == -1:
+            self._catch_up_schedules(trainer, self._loader)
 
     # ------------------------------------------------------------------ data
 
@@ -524,10 +518,10 @@ class Sifting(TrainingMetricsRecorder):
                 f"{self.sampler.size}: reloading must keep the dataset"
             )
         rebuilt = _with_sampler(loader, self.sampler)
-        if not self._planned:
-            self._planned = len(rebuilt)  # the first epoch: all data
         cls = _StatefulPrunedLoader if self.checkpoint else _PrunedLoader
-        self._loader = cls(rebuilt, self.sampler)
+        previous, self._loader = self._loader, cls(rebuilt, self.sampler)
+        if previous is not None:  # a reloaded loader: the passes go on where they were
+            self._loader.continue_from(previous)
         return self._loader
 
     def _make_sampler(self, trainer: Any, dataset: Any, batch_size: int) -> PruningSampler:
@@ -569,41 +563,32 @@ class Sifting(TrainingMetricsRecorder):
                     "with losses = the step's loss per sample (reduction='none'); got "
                     f"{type(out).__name__}"
                 )
-            if self.sampler is None:
+            if self._loader is None:
                 raise RuntimeError(
                     "training_step ran before the pruning sampler was built: Sifting builds it "
                     "when Lightning requests the train dataloader"
                 )
-            return {**out, "loss": self.sampler.update(losses)}
+            return {**out, "loss": self._loader.feed_back(losses)}
 
         pl_module.training_step = training_step
         self._undo.append(lambda: vars(pl_module).pop("training_step", None))
 
     # ------------------------------------------------------------------ schedules
 
-    def _catch_up_schedules(self, trainer: Any, done: int) -> None:
+    def _catch_up_schedules(self, trainer: Any, stream: PrunedPasses) -> None:
         """Advance step schedulers to the steps a full-data fit would have taken by now."""
         accumulate = max(1, int(trainer.accumulate_grad_batches))
-        if not self._epoch_batches and self._loader is not None:
-            # resumed mid-epoch: Lightning skips on_train_epoch_start; the restored plan's length
-            self._epoch_batches = len(self._loader)
-        m = self._epoch_batches
-        if m <= 0 or not self._planned or (done % accumulate and done < m):
+        done, m = stream.fed_back, stream.pass_length
+        if m <= 0 or (done % accumulate and done < m):
             return  # not at an optimizer step
-        per_epoch = math.ceil(self._planned / accumulate)
-        target = trainer.current_epoch * per_epoch + (min(done, m) * per_epoch) // m
+        target = full_data_steps(stream.pass_index, done, m, stream.planned, accumulate)
+        schedulers = [
+            config.scheduler
+            for config in trainer.lr_scheduler_configs
+            if config.interval == "step" and config.frequency == 1
+        ]
         cap = trainer.estimated_stepping_batches
-        if isinstance(cap, (int, float)) and math.isfinite(cap):
-            target = min(target, int(cap))
-        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
-        for config in trainer.lr_scheduler_configs:
-            scheduler = config.scheduler
-            if config.interval != "step" or config.frequency != 1:
-                continue
-            if isinstance(scheduler, plateau) or not hasattr(scheduler, "last_epoch"):
-                continue
-            while scheduler.last_epoch < target:
-                scheduler.step()
+        catch_up(schedulers, target, cap if isinstance(cap, (int, float)) else None)
 
 
 def _with_sampler(loader: DataLoader, sampler: PruningSampler) -> DataLoader:
@@ -629,56 +614,49 @@ def _with_sampler(loader: DataLoader, sampler: PruningSampler) -> DataLoader:
     return DataLoader(loader.dataset, **kwargs)
 
 
-class _PrunedLoader:
-    """The train DataLoader on the pruning sampler, as Lightning sees it: not a ``DataLoader``
-    (so Lightning leaves its sampler alone: the sampler shards for DDP itself), with the
-    sampler as ``.sampler`` (so Lightning's ``set_epoch`` plans each epoch), and iterated
-    lazily (Lightning's probe ``iter()`` before the fit starts no epoch)."""
+class _PrunedLoader(PrunedPasses):
+    """The train DataLoader on the pruning sampler, as Lightning sees it: the core's
+    :class:`~hasten.integrations.core.PrunedPasses`, one pruned epoch per Lightning epoch (no
+    trimming: Lightning steps a short last accumulation itself). Not a ``DataLoader`` (so
+    Lightning leaves its sampler alone: the sampler shards for DDP itself), with the sampler as
+    ``.sampler`` (so Lightning's ``set_epoch`` plans each epoch), iterated lazily (Lightning's
+    probe ``iter()`` before the fit starts no epoch). ``len()`` is the epoch's own (the
+    sampler's plan, which Lightning's ``set_epoch`` made): Lightning's data fetcher knows the
+    last batch of an epoch by it, and steps a short last accumulation there; the first, full
+    epoch is what ``estimated_stepping_batches`` counts."""
 
     def __init__(self, loader: DataLoader, sampler: PruningSampler) -> None:
-        self.loader = loader
-        self.sampler = sampler
-
-    @property
-    def dataset(self) -> Any:
-        return self.loader.dataset
+        super().__init__(loader, sampler, accumulation=1, by_steps=False)
 
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self) -> Iterator[Any]:
-        return self._iterate()
-
-    def _iterate(self) -> Iterator[Any]:
-        yield from self.loader
-
-    @property
-    def stats(self) -> Any:
-        return self.sampler.stats
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.sampler!r})"
-
 
 class _StatefulPrunedLoader(_PrunedLoader):
-    """A :class:`_PrunedLoader` Lightning checkpoints: every rank's sampler state (Lightning
-    saves rank 0's checkpoint only), each rank resuming from its own."""
+    """A :class:`_PrunedLoader` Lightning checkpoints: every rank's passes (Lightning saves rank
+    0's checkpoint only), each rank resuming from its own."""
 
     def state_dict(self) -> dict[str, Any]:
-        return _every_rank("pruning", self.sampler.state_dict())
+        return _PRUNING_STATE.gather(super().state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        own = _this_rank(
-            state,
-            "pruning",
-            not_ours="this checkpoint's train dataloader state is not a hasten pruning sampler's; "
-            "resume with the same Sifting config, or pass Sifting(..., checkpoint=False) "
-            "to start a fresh sampler",
-            other_world="the checkpoint's pruning state comes from {saved} process(es), this run "
-            "has {world}: resume with the same number of processes, or pass "
-            "Sifting(..., checkpoint=False)",
-        )
-        self.sampler.load_state_dict(own)
+        own = _PRUNING_STATE.own(state)
+        if isinstance(own, dict) and "sampler" not in own and "table" in own:
+            self._load_sampler_state(own)  # an earlier hasten saved the sampler's state alone
+            return
+        super().load_state_dict(own)
+
+    def _load_sampler_state(self, state: dict[str, Any]) -> None:
+        """Restore a bare sampler state; the pass counters follow from its plan."""
+        self.sampler.load_state_dict(state)
+        plan = self.sampler._plan
+        if plan is None:
+            return
+        batch = max(1, int(self.loader.batch_size or 1))
+        self.pass_index = plan.epoch
+        self.pass_length = len(self.loader)  # the restored plan's batches
+        self.fed_back = -(-plan.cursor // batch)
+        self._resume = True
 
 
 # ---------------------------------------------------------------------------------- compiling
@@ -693,11 +671,8 @@ def fit_training_calls(trainer: Any) -> int | None:
     front-end ends within 2.5 % of it); a pruned one fewer, so the compile plan is told the most
     the fit can take.
     """
-    steps = trainer.estimated_stepping_batches
-    if not isinstance(steps, (int, float)) or not math.isfinite(steps) or steps <= 0:
-        return None
     accumulate = max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
-    return int(steps) * accumulate
+    return training_calls(trainer.estimated_stepping_batches, accumulate)
 
 
 class Compile(*_callback_bases()):  # type: ignore[misc]

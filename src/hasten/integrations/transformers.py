@@ -63,13 +63,11 @@ Leave the backend unset and call ``compile_trainer(trainer)``; see ``docs/integr
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import math
 import os
-import pickle
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -83,6 +81,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
     ) from err
 
 from hasten.integrations._front_end import is_pruning_config
+from hasten.integrations.core import PrunedPasses, RankState, catch_up, training_calls
 from hasten.integrations.epochs import SiftedEpochs, expected_batches
 from hasten.integrations.metrics import (
     find_pruning_sampler,
@@ -105,9 +104,18 @@ _MARK = "_hasten_sifting"
 _RESUME = "_hasten_sifting_resume"
 
 
+_RANK_STATE = RankState(
+    "state",
+    not_ours="this file holds no hasten sifting state",
+    other_world="the checkpoint's sifting state comes from {saved} process(es), this run has "
+    "{world}: the sifted stream resumes exactly only with the same number of processes",
+)
+"""Each rank's sifting state, one file per rank in every checkpoint (every rank saves)."""
+
+
 def _state_file(checkpoint_dir: str, rank: int) -> str:
     """Where :class:`SiftingCallback` saves rank ``rank``'s sifting state in a checkpoint."""
-    return os.path.join(checkpoint_dir, f"hasten_sifting_rank{rank}.pt")
+    return RankState.file(checkpoint_dir, rank)
 
 
 def enable_sifting(
@@ -321,13 +329,13 @@ def _enable_pruning(trainer: Any, config: Any, loss: Any, **kwargs: Any) -> None
         # no batch_size=: the sampler reads it from the Trainer's DataLoader each epoch (the
         # one auto_find_batch_size rebuilds smaller is checked against its own batches too)
     )
-    holder: dict[str, _PrunedPasses] = {}
+    holder: dict[str, PrunedPasses] = {}
 
     trainer._get_train_sampler = lambda train_dataset=None: sampler
     original = trainer.get_train_dataloader
 
     @functools.wraps(original)
-    def get_train_dataloader() -> _PrunedPasses:
+    def get_train_dataloader() -> PrunedPasses:
         loader = original()
         if find_pruning_sampler(loader) is not sampler:
             raise RuntimeError(
@@ -336,7 +344,7 @@ def _enable_pruning(trainer: Any, config: Any, loss: Any, **kwargs: Any) -> None
                 "trainer._get_train_sampler() or use a loader config"
             )
         _unshard(loader, sampler)
-        stream = _PrunedPasses(
+        stream = PrunedPasses(
             loader,
             sampler,
             accumulation=trainer.args.gradient_accumulation_steps,
@@ -405,148 +413,6 @@ def _unshard(loader: Any, sampler: PruningSampler) -> None:
         shard.num_processes = 1
         shard.process_index = 0
         shard.even_batches = False
-
-
-class _PrunedPasses:
-    """The Trainer's train loader over a :class:`~hasten.sifting.PruningSampler`, as the Trainer
-    needs it: epochs whose batches it can count on, feedback attributed to the right epoch.
-
-    Each data pass is one pruned epoch of the sampler (``set_epoch(p)`` plans it), ending at
-    the last full optimizer step when its batches do not fill whole steps. By epochs, one
-    ``for`` loop is one pass and ``len()`` is the first (full) pass, which the Trainer plans by.
-    By steps, passes follow one another and one ``for`` loop is ``len()`` batches of them,
-    a whole number of optimizer steps. Feedback (:meth:`feed_back`) goes to the sampler; the
-    pass in progress and how much of it came back drive :class:`SiftingCallback`'s step-end
-    work (learning-rate catch-up, the epoch shown in logs, the end of training).
-    """
-
-    def __init__(
-        self, loader: Any, sampler: PruningSampler, *, accumulation: int, by_steps: bool
-    ) -> None:
-        self.loader = loader
-        self.sampler = sampler
-        self.accumulation = max(1, int(accumulation))
-        self.by_steps = by_steps
-        self.planned = len(loader)  # the first pass: all data, what the Trainer plans by
-        ga = self.accumulation
-        self.block = max(ga, self.planned // ga * ga)
-        self.pass_index = -1  # the pass in progress (or last finished)
-        self.pass_length = 0  # batches the pass yields
-        self.fed_back = 0  # batches of the pass whose losses came back
-        self.epoch: int | None = None  # the Trainer's, recorded only
-        self._resume = False
-        self._chain: Iterator[Any] | None = None
-
-    def __len__(self) -> int:
-        return self.block if self.by_steps else self.planned
-
-    def set_epoch(self, epoch: int) -> None:
-        """Record the Trainer's epoch (passes are numbered and planned here)."""
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[Any]:
-        if not self.by_steps:
-            return self._one_pass()
-        if self._chain is None:
-            self._chain = self._passes()
-        return itertools.islice(self._chain, self.block)
-
-    @property
-    def num_epochs(self) -> int | None:
-        return self.sampler.num_epochs
-
-    @property
-    def done(self) -> bool:
-        """By epochs: all planned passes trained."""
-        n = self.sampler.num_epochs
-        return n is not None and self.pass_index + 1 >= n and self.fed_back >= self.pass_length > 0
-
-    def feed_back(self, losses: torch.Tensor) -> torch.Tensor:
-        loss = self.sampler.update(losses)
-        self.fed_back += 1
-        return loss
-
-    def steps_into_schedule(self) -> int:
-        """Optimizer steps a full-data run would have taken at this point of the run."""
-        per_pass = -(-self.planned // self.accumulation)
-        if self.pass_length <= 0:
-            return max(0, self.pass_index) * per_pass
-        return self.pass_index * per_pass + (self.fed_back * per_pass) // self.pass_length
-
-    def _passes(self) -> Iterator[Any]:
-        while True:
-            yield from self._one_pass()
-
-    def _one_pass(self) -> Iterator[Any]:
-        if self.done:
-            return
-        if self._resume and self.fed_back < self.pass_length:
-            p, length = self.pass_index, self.pass_length  # the restored sampler yields the rest
-            self._resume = False
-        else:
-            self._resume = False
-            p = self.pass_index + 1
-            self._set_pass_epoch(p)
-            length = self._trimmed(len(self.loader), p)
-            self.pass_index, self.pass_length, self.fed_back = p, length, 0
-        self._set_pass_epoch(p)  # keeps Accelerate's epoch counter on the pass (a no-op plan)
-        it = iter(self.loader)
-        given = self.fed_back
-        for batch in it:
-            if given >= length:
-                break
-            given += 1
-            yield batch
-        for _ in it:  # the trimmed tail: drawn, never trained (lets the loader finish its pass)
-            pass
-
-    def _set_pass_epoch(self, p: int) -> None:
-        if hasattr(self.loader, "set_epoch"):
-            self.loader.set_epoch(p)  # Accelerate's loader forwards it to the sampler
-        self.sampler.set_epoch(p)
-
-    def _trimmed(self, n: int, p: int) -> int:
-        ga = self.accumulation
-        if ga == 1 or n % ga == 0 or (not self.by_steps and n == self.planned):
-            return n  # whole steps; or the full pass, whose short last step the Trainer plans
-        if n < ga:
-            raise ValueError(
-                f"pruned epoch {p} has {n} batches, fewer than gradient_accumulation_steps="
-                f"{ga}: no whole optimizer step fits; lower gradient_accumulation_steps or "
-                "per_device_train_batch_size"
-            )
-        return n // ga * ga
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "sampler": self.sampler.state_dict(),
-            "pass_index": self.pass_index,
-            "pass_length": self.pass_length,
-            "fed_back": self.fed_back,
-            "planned": self.planned,
-            "by_steps": self.by_steps,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "sampler" not in state:
-            raise ValueError("it is a sifting loader's state, not a pruning sampler's")
-        if state["by_steps"] != self.by_steps or state["planned"] != self.planned:
-            raise ValueError(
-                f"the checkpoint trained {'by steps' if state['by_steps'] else 'by epochs'} "
-                f"with passes of {state['planned']} batches, this run "
-                f"{'by steps' if self.by_steps else 'by epochs'} with {self.planned}; resume "
-                "with the same TrainingArguments and dataset"
-            )
-        self.sampler.load_state_dict(state["sampler"])
-        self.pass_index = state["pass_index"]
-        self.pass_length = state["pass_length"]
-        self.fed_back = state["fed_back"]
-        self._resume = True
-        self._chain = None
-
-    def __repr__(self) -> str:
-        mode = f"by steps, {self.block} batches per Trainer epoch" if self.by_steps else "by epochs"
-        return f"_PrunedPasses({self.sampler!r}, {mode})"
 
 
 def _wrap_train_for_resume(trainer: Any) -> None:
@@ -687,12 +553,10 @@ def _turn_off_trainer_compile(trainer: Any) -> str | None:
 
 def _training_calls(trainer: Any) -> int | None:
     """How many training forward calls (micro-batches) the Trainer's run will make, if known."""
-    import math
-
     args = trainer.args
     accumulate = max(int(getattr(args, "gradient_accumulation_steps", 1) or 1), 1)
     if getattr(args, "max_steps", -1) and args.max_steps > 0:
-        return int(args.max_steps) * accumulate
+        return training_calls(int(args.max_steps), accumulate)
     data = getattr(trainer, "train_dataset", None)
     try:
         rows = len(data)  # type: ignore[arg-type]
@@ -700,8 +564,7 @@ def _training_calls(trainer: Any) -> int | None:
         return None
     batch = max(int(args.per_device_train_batch_size) * max(int(args.n_gpu), 1), 1)
     batches = math.floor(rows / batch) if args.dataloader_drop_last else math.ceil(rows / batch)
-    calls = math.ceil(float(args.num_train_epochs) * batches)
-    return calls if calls > 0 else None
+    return training_calls(float(args.num_train_epochs) * batches)
 
 
 def _prefer_fused_optimizer(trainer: Any) -> str | None:
@@ -761,17 +624,11 @@ def _padding_from(trainer: Any) -> dict[str, Any]:
     return out
 
 
-def _load_stream_state(stream: SiftedEpochs, path: str) -> None:
+def _load_stream_state(stream: SiftedEpochs | PrunedPasses, path: str) -> None:
     """Restore ``stream`` from a state file :class:`SiftingCallback` wrote (plain data, so it
     loads with ``weights_only=True``)."""
     fresh = f"delete {path} to resume the checkpoint with a fresh sifted stream"
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise RuntimeError(
-            f"{path} does not load with torch.load(weights_only=True): an earlier hasten wrote "
-            f"sifting state holding Python objects, which this hasten does not read; {fresh}"
-        ) from err
+    state = _RANK_STATE.load_file(path)
     try:
         stream.load_state_dict(state)
     except ValueError as err:
@@ -827,16 +684,11 @@ class SiftingCallback(transformers.TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         stream = kwargs.get("train_dataloader")
-        if not isinstance(stream, _PrunedPasses) or stream.by_steps:
+        if not isinstance(stream, PrunedPasses) or stream.by_steps:
             return
         if stream.pass_length > 0:
             state.epoch = stream.pass_index + stream.fed_back / stream.pass_length
-        scheduler = kwargs.get("lr_scheduler")
-        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
-        if hasattr(scheduler, "last_epoch") and not isinstance(scheduler, plateau):
-            target = min(stream.steps_into_schedule(), state.max_steps)
-            while scheduler.last_epoch < target:
-                scheduler.step()
+        catch_up([kwargs.get("lr_scheduler")], stream.steps_into_schedule(), state.max_steps)
         if stream.done:
             control.should_training_stop = True
 
@@ -850,9 +702,8 @@ class SiftingCallback(transformers.TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         stream = kwargs.get("train_dataloader")
-        if not isinstance(stream, (SiftedEpochs, _PrunedPasses)):
+        if not isinstance(stream, (SiftedEpochs, PrunedPasses)):
             return
         # every rank writes its own state (the main process may not have made the folder yet)
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        os.makedirs(folder, exist_ok=True)
-        torch.save(stream.state_dict(), _state_file(folder, args.process_index))
+        _RANK_STATE.save_file(folder, args.process_index, stream.state_dict())
