@@ -61,6 +61,14 @@ def hasten_compile(model: nn.Module, precision: str = "fp32", **overrides: Any) 
     return hasten.compile(model, precision=precision, **overrides)
 
 
+def temporary_cache_dir(path: str) -> Any:
+    """A context manager pointing Inductor's cache at ``path`` while it is entered (hasten's
+    boundary around torch's private cache setting)."""
+    from hasten.compiler.hooks.inductor import temporary_cache_dir as inner
+
+    return inner(path)
+
+
 def compile_seconds(model: nn.Module) -> float:
     """Seconds ``model``'s calls have spent compiling so far (0 for a model hasten did not
     compile), so a benchmark can keep a recompile in the middle of a run off its step clock."""

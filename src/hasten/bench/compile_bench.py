@@ -309,12 +309,10 @@ def run_compile_bench(
         with contextlib.ExitStack() as stack:
             timings: dict[str, dict[str, Any]] = {}
             if first_calls:
-                from hasten.compiler.hooks.inductor import temporary_cache_dir
-
                 timings, merged = stack.enter_context(
                     _first_calls(spec, cands, device, config.threads, progress)
                 )
-                stack.enter_context(temporary_cache_dir(merged))
+                stack.enter_context(_hasten_api.temporary_cache_dir(merged))
             result = run_benchmark(
                 cands,
                 config,
