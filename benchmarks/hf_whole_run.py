@@ -148,9 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         "load_after": os.getloadavg(),
     }
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
-        print(f"wrote {a.out}")
+        from hasten.bench.demo import save_json
+
+        print(f"wrote {save_json(result, a.out)}")
     return 0
 
 

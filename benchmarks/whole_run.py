@@ -220,9 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         "load_after": os.getloadavg(),
     }
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
-        print(f"wrote {args.out}")
+        from hasten.bench.demo import save_json
+
+        print(f"wrote {save_json(result, args.out)}")
     return 0
 
 
