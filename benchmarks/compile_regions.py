@@ -14,7 +14,7 @@ layer inside each block, see ``hasten.compiler.regions``), unless ``--use-cache`
 Candidates: ``eager``; ``torch.compile`` (whole model); ``torch.compile regional`` (PyTorch's
 recipe: ``block.compile()`` for each transformer block, the rest eager); ``hasten whole``
 (``regions="whole"``); ``hasten blocks`` (``regions="blocks"``, glue eager); ``hasten blocks+glue``
-(glue submodules compiled too); ``hasten whole+nested`` (an experiment: ``regions="whole"`` with
+(``glue="modules"``: the glue's submodules compiled too); ``hasten whole+nested`` (an experiment: ``regions="whole"`` with
 the block class's ``forward`` wrapped in ``torch.compiler.nested_compile_region``). ``first_cpu_s`` is the CPU time of the first step (this process and
 its waited-for children: Inductor's compile workers, if any, are not counted).
 
@@ -56,7 +56,6 @@ def child(size: str, candidate: str, steps: int, use_cache: bool) -> dict:
     import torch
 
     import hasten
-    import hasten.compiler.regions as regions
     from hasten.bench.models import get_model_spec
 
     spec = get_model_spec("gpt2", size)
@@ -78,8 +77,11 @@ def child(size: str, candidate: str, steps: int, use_cache: bool) -> dict:
         cls.forward = torch.compiler.nested_compile_region(cls.forward)
         hasten.compile(model, regions="whole")
     elif candidate.startswith("hasten"):
-        regions.GLUE = "compiled" if candidate == "hasten blocks+glue" else "eager"
-        hasten.compile(model, regions="whole" if candidate == "hasten whole" else "blocks")
+        if candidate == "hasten whole":
+            hasten.compile(model, regions="whole")
+        else:
+            glue = "modules" if candidate == "hasten blocks+glue" else "eager"
+            hasten.compile(model, regions="blocks", glue=glue)
 
     def step() -> float:
         t0 = time.perf_counter()

@@ -23,6 +23,7 @@ from hasten.compiler import cache as _cache
 from hasten.compiler.config import (
     CompileConfig,
     Fallback,
+    Glue,
     Mode,
     Precision,
     PrecisionAlias,
@@ -75,6 +76,7 @@ def compile(
     fused_optimizer: bool | _Unset = UNSET,
     warn_recompiles: int | _Unset = UNSET,
     regions: Regions | _Unset = UNSET,
+    glue: Glue | _Unset = UNSET,
     steps: int | _Unset | None = UNSET,
     start: Start | _Unset = UNSET,
     rank_wait_s: float | _Unset = UNSET,
@@ -93,7 +95,7 @@ def compile(
         config: A :class:`CompileConfig`; ``None`` for the defaults.
         mode, precision, passes, dynamic, fullgraph, fallback, verify_first_call, cache_dir,
         fix_known_traps, fused_optimizer,
-        warn_recompiles, regions, steps, start, rank_wait_s, inductor_options: The
+        warn_recompiles, regions, glue, steps, start, rank_wait_s, inductor_options: The
             :class:`CompileConfig` fields of the same name
             (documented there; validated there, when the config is built). Each one given
             overrides ``config``'s; one not given keeps it (``config``'s, or the default).
@@ -128,6 +130,7 @@ def compile(
         "fused_optimizer": fused_optimizer,
         "warn_recompiles": warn_recompiles,
         "regions": regions,
+        "glue": glue,
         "steps": steps,
         "start": start,
         "rank_wait_s": rank_wait_s,

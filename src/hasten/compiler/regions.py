@@ -13,6 +13,10 @@ For such a model hasten compiles, as torchtitan does by hand:
   units (embeddings, final norm, LM head): its whole call (``kind="call"``);
 * the rest (the forward of units with nested units: loops, residual glue, the loss) runs eagerly.
 
+With ``regions="blocks"`` the repeated blocks are the regions (:func:`repeated_blocks`) and the
+code around them runs eagerly, unless ``CompileConfig.glue`` compiles its submodules
+(``"modules"``) or a Transformers loss function (``"loss"``, :class:`EagerGlue`) too.
+
 Modules of one class with the same parameter shapes share one :class:`CompiledCode`, so a stack
 of identical blocks is traced and compiled once (TorchDynamo's parameters are graph inputs). The
 plan is made at the model's first call, so ``hasten.compile`` may come before or after
@@ -43,11 +47,6 @@ __all__ = [
     "swappable_loss_function",
 ]
 
-GLUE: str = "eager"
-"""What runs the code around the blocks in block mode: ``"eager"`` (measured better, see
-docs/compiler.md#regions) or ``"compiled"`` (each outermost submodule with parameters outside the
-blocks, e.g. embeddings, final norm, LM head, compiled as a region of its own)."""
-
 
 def install(model: nn.Module, config: CompileConfig, record: CompileRecord, device: str) -> None:
     """Install hasten's compiled forward on ``model`` (regions are planned at its first call)."""
@@ -55,7 +54,7 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
 
     def plan(module: nn.Module) -> None:
         fsdp = bool(fsdp_units(module))
-        regions = plan_regions(module, config.regions)
+        regions = plan_regions(module, config.regions, config.glue)
         # A training KV cache (Transformers' use_cache=True) is indexed by layer inside each
         # block, so TorchDynamo would recompile a shared block once per layer, up to its limit
         # (8): then each block gets code of its own, and Inductor's caches share the kernels.
@@ -66,7 +65,7 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
             return
         nn_hooks.set_compiled_call(module, None)  # its own call runs eagerly, unless a region
         # read model.loss_function only when it is used: Transformers' property logs a warning
-        loss_fn = swappable_loss_function(module) if LOSS == "compiled" and not fsdp else None
+        loss_fn = swappable_loss_function(module) if config.glue == "loss" and not fsdp else None
         if loss_fn is not None:
             loss_code = CompiledCode("loss_function", "call", config, record, device, torch.float32)
             nn_hooks.set_compiled_call(module, EagerGlue(module, loss_code, loss_fn))
@@ -106,13 +105,6 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
             record.fixes.append(note)
 
     nn_hooks.set_compiled_call(model, CompiledForward(model, code, on_first_call=plan))
-
-
-LOSS: str = "eager"
-"""What runs a Transformers model's loss function in block mode: ``"eager"`` (default) or
-``"compiled"`` (its own region, :class:`EagerGlue`). Compiled saved a little of each step and
-cost more of the cold first call; block mode is the choice for a fast start, so it stays eager
-(measurements: docs/compiler.md#regions)."""
 
 
 def _plan(code: CompiledCode, module: nn.Module, config: CompileConfig) -> None:
@@ -201,12 +193,17 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
-def plan_regions(model: nn.Module, regions: str = "whole") -> list[tuple[nn.Module, Kind]]:
+def plan_regions(
+    model: nn.Module, regions: str = "whole", glue: str = "eager"
+) -> list[tuple[nn.Module, Kind]]:
     """The regions hasten compiles in ``model`` (see the module docstring).
 
     Args:
         model: The model (FSDP2 units in it are always compiled by unit).
         regions: ``CompileConfig.regions``: ``"whole"``, ``"blocks"`` or ``"auto"``.
+        glue: ``CompileConfig.glue``: with ``"modules"``, block mode also compiles the outermost
+            submodules with parameters outside the blocks (``"loss"`` is not a module region:
+            :func:`install` places it).
     """
     units = fsdp_units(model)
     if units:
@@ -219,7 +216,7 @@ def plan_regions(model: nn.Module, regions: str = "whole") -> list[tuple[nn.Modu
     if not blocks:
         return [(model, "call")]
     out: list[tuple[nn.Module, Kind]] = [(b, "call") for b in blocks]
-    if GLUE == "compiled":
+    if glue == "modules":
         out.extend((m, "call") for m in _glue_modules(model, blocks))
     return out
 

@@ -134,6 +134,31 @@ def test_regions_is_validated():
         CompileConfig(regions="layers")
 
 
+def test_glue_is_a_per_compile_setting_of_block_mode_validated():
+    import hasten
+    from hasten import CompileConfig
+
+    assert CompileConfig().glue == "eager"
+    with pytest.raises(ValueError, match="choose one of 'eager', 'modules', 'loss'"):
+        CompileConfig(regions="blocks", glue="compiled")
+    for regions in ("auto", "whole"):  # nothing around blocks to compile: named, with the fix
+        with pytest.raises(ValueError, match="set regions='blocks' too"):
+            CompileConfig(regions=regions, glue="modules")
+    net = Stack()
+    with_modules = plan_regions(net, "blocks", "modules")
+    assert with_modules == [(b, "call") for b in net.layers[:5]] + [
+        (m, "call") for m in (net.emb, net.layers[5], net.head)
+    ]
+    assert plan_regions(net, "blocks", "loss") == plan_regions(net, "blocks")  # not a module
+    assert plan_regions(net, "whole", "modules") == [(net, "call")]
+    cfg = CompileConfig(regions="blocks", glue="loss")
+    assert cfg.replace(glue="eager").regions == "blocks"
+    with pytest.raises(ValueError, match="glue='loss'"):
+        cfg.replace(regions="whole")
+    with pytest.raises(ValueError, match="set regions='blocks' too"):
+        hasten.compile(Stack(), glue="modules")  # the keyword is validated as the field
+
+
 def _train(model: nn.Module, steps: int = 4) -> list[float]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     return train_steps(model, opt, torch.Generator().manual_seed(1), steps)
@@ -161,21 +186,19 @@ def _loop(model: nn.Module, opt: torch.optim.Optimizer, n: int, loss_of) -> list
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("glue", ["eager", "compiled"])
-def test_blocks_whole_and_eager_train_alike_fp32(glue, monkeypatch, caplog):
+@pytest.mark.parametrize("glue", ["eager", "modules"])
+def test_blocks_whole_and_eager_train_alike_fp32(glue, caplog):
     import copy
     import logging
 
     import hasten
-    from hasten.compiler import regions as r
     from hasten.compiler.api import compile_report
 
-    monkeypatch.setattr(r, "GLUE", glue)
     torch.manual_seed(0)
     eager = Stack()
     whole, blocks = copy.deepcopy(eager), copy.deepcopy(eager)
     hasten.compile(whole, regions="whole")
-    hasten.compile(blocks, regions="blocks")
+    hasten.compile(blocks, regions="blocks", glue=glue)
     with caplog.at_level(logging.INFO, logger="hasten"):
         runs = {n: _train(m) for n, m in [("eager", eager), ("whole", whole), ("b", blocks)]}
     # fp32: equal up to kernel rounding (fused reductions reorder sums), after 4 AdamW steps
@@ -246,18 +269,17 @@ def _lm_steps(model: nn.Module, n: int = 4) -> list[float]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loss", ["compiled", "eager"])
-def test_a_transformers_loss_is_its_own_region_in_block_mode_fp32(loss, monkeypatch):
+def test_a_transformers_loss_is_its_own_region_in_block_mode_fp32(loss):
     import copy
     import pickle
 
     import hasten
-    from hasten.compiler import regions as r
     from hasten.compiler.api import compile_report
 
-    monkeypatch.setattr(r, "LOSS", loss)
     eager = _tiny_gpt2()
     eager.config.problem_type = None
-    blocks = hasten.compile(copy.deepcopy(eager), regions="blocks")
+    glue = "loss" if loss == "compiled" else "eager"
+    blocks = hasten.compile(copy.deepcopy(eager), regions="blocks", glue=glue)
     want, got = _lm_steps(eager), _lm_steps(blocks)
     # fp32: equal up to kernel rounding (fused log-softmax/NLL reorders sums), after 4 AdamW steps
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
@@ -275,11 +297,8 @@ def test_a_transformers_loss_is_its_own_region_in_block_mode_fp32(loss, monkeypa
 
 
 @pytest.mark.slow
-def test_a_loss_function_the_user_set_is_compiled_and_put_back(monkeypatch):
+def test_a_loss_function_the_user_set_is_compiled_and_put_back():
     import hasten
-    from hasten.compiler import regions as r
-
-    monkeypatch.setattr(r, "LOSS", "compiled")
 
     model = _tiny_gpt2()
     calls = []
@@ -291,7 +310,7 @@ def test_a_loss_function_the_user_set_is_compiled_and_put_back(monkeypatch):
         )
 
     model.loss_function = mine
-    hasten.compile(model, regions="blocks")
+    hasten.compile(model, regions="blocks", glue="loss")
     ids = torch.randint(0, 40, (3, 12), generator=torch.Generator().manual_seed(0))
     want = mine(model(input_ids=ids).logits, ids, 40)
     got = model(input_ids=ids, labels=ids).loss
