@@ -172,9 +172,9 @@ def _as_tensor(value: np.ndarray) -> torch.Tensor:
 
 
 def _is_fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
+    from hasten.compiler.hooks.dynamo import is_fake_tensor
 
-    return isinstance(t, FakeTensor)
+    return is_fake_tensor(t)
 
 
 def _key(value: Any) -> Any:

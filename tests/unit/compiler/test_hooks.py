@@ -169,6 +169,31 @@ def test_a_skipped_hook_does_nothing_instead_of_patching(monkeypatch, fresh_prob
     assert inductor.is_pointwise_use(object()) is False
 
 
+def test_fake_tensors_are_told_apart_with_the_hook_and_conservatively_without(
+    monkeypatch, fresh_probes
+):
+    from torch import nn
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from hasten.compiler.hooks.dynamo import is_fake_tensor
+
+    class Marked(torch.Tensor):  # a subclass that is not fake
+        pass
+
+    real, param = torch.ones(2), nn.Parameter(torch.ones(2))
+    marked = torch.ones(2).as_subclass(Marked)
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.ones(2))
+    assert hooks.usable("dynamo.fake_tensor"), hooks.table()
+    assert is_fake_tensor(fake)
+    assert not any(is_fake_tensor(t) for t in (real, param, marked, 1.0))
+    # a torch that moved FakeTensor: every subclass but Parameter counts (its caller then runs
+    # the plain code), so a fake one is never taken for real
+    _force_missing(monkeypatch, "dynamo.fake_tensor", "moved")
+    assert is_fake_tensor(fake) and is_fake_tensor(marked)
+    assert not any(is_fake_tensor(t) for t in (real, param, 1.0))
+
+
 def _docstring_lines(source: str) -> set[int]:
     import ast
 
@@ -193,11 +218,13 @@ def test_no_private_torch_api_outside_the_boundary():
         r"torch\._(?!_version__)[A-Za-z]|torch\.utils\._|\._call_impl\b|_compiled_call_impl"
     )
     allowed = {
-        "compiler/cache.py": ['"torch._dynamo" in sys.modules'],  # must act before its import
-        "compiler/report.py": ["torch._dynamo.config.capture_scalar_outputs=True"],  # advice
-        "compiler/runtime.py": ["or torch._dynamo.config.disable)"],  # names the user's switch
-        # the Keras adapter's owner moves it (it only checks a tensor's type)
-        "keras/_torch_forward.py": ["from torch._subclasses.fake_tensor import FakeTensor"],
+        # checks whether torch._dynamo is imported yet, without importing it: importing it
+        # creates $TORCHINDUCTOR_CACHE_DIR, which cache.py must vet first (a string, not a use)
+        "compiler/cache.py": ['"torch._dynamo" in sys.modules'],
+        # advice to the user, in a message: the config switch they can set
+        "compiler/report.py": ["torch._dynamo.config.capture_scalar_outputs=True"],
+        # an error message naming the user's own switch that disabled Dynamo (text, not a use)
+        "compiler/runtime.py": ["or torch._dynamo.config.disable)"],
     }
     found = []
     for path in sorted(root.rglob("*.py")):

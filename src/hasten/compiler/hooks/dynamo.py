@@ -23,6 +23,7 @@ __all__ = [
     "graph_break_tally",
     "has_end_callback",
     "is_compile_error",
+    "is_fake_tensor",
     "is_graph_break",
     "is_optimized_module",
     "optimize",
@@ -254,3 +255,32 @@ def compile_id() -> Any:
     from torch._guards import CompileContext
 
     return CompileContext.current_compile_id()
+
+
+# --- fake tensors: what tracing (Dynamo, torch.export) runs code on --------------------------
+
+
+@register("dynamo.fake_tensor", "fake tensors (tracing) told apart from real ones")
+def _probe_fake_tensor() -> str | None:
+    from torch._subclasses import fake_tensor
+
+    ok = isinstance(getattr(fake_tensor, "FakeTensor", None), type)
+    return None if ok else "no torch._subclasses.fake_tensor.FakeTensor"
+
+
+def is_fake_tensor(t: Any) -> bool:
+    """Whether ``t`` is a fake tensor (shapes and dtypes only, made while torch traces code).
+
+    Without the hook, any tensor subclass counts as fake (``nn.Parameter`` excepted): callers use
+    this to leave such a tensor to the plain, uncompiled code, which is always safe.
+    """
+    import torch
+    from torch import nn
+
+    from hasten.compiler.hooks import usable
+
+    if not usable("dynamo.fake_tensor"):
+        return isinstance(t, torch.Tensor) and type(t) not in (torch.Tensor, nn.Parameter)
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
