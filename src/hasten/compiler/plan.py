@@ -8,8 +8,9 @@ evaluation, scoring) from what it can know:
 * **The run's length is known** (``steps=`` given to ``hasten.compile``, or passed by a trainer
   integration): the first calls run eagerly and are timed (each from its start to the next
   call of the same variant: forward, backward, optimizer step): at least two, and more while
-  each is still clearly faster than those before (a process's first steps carry one-off costs:
-  the demo's first step took 0.65 s, its later ones 0.17 s), up to ``steps // 20`` (at most
+  each is still clearly faster than those before (a process's first steps carry one-off costs,
+  several times a steady step's: docs/compiler.md#the-compile-plan-compiled-only-when-the-run-pays),
+  up to ``steps // 20`` (at most
   10). The shortest counts. Then hasten compiles if the steps left, at the share of a step a
   compile saves, save more than the compile costs::
 
@@ -198,10 +199,11 @@ class Plan:
         """Whether the eager steps timed so far tell what a step costs.
 
         A process's first steps carry one-off costs (lazy imports, the optimizer's state,
-        allocator growth, under load more so): seen on tiny GPT-2, 3.3 s, 2.7 s, 0.9 s, then
-        0.2 s. So timing goes on while each step is still clearly (10 %) faster than every one
-        before it, up to ``steps // 20`` timed steps (2 to 10): a few more eager steps cost
-        nothing next to a compile chosen on a step time four times too long.
+        allocator growth, under load more so), falling over several steps (a case in
+        docs/compiler.md#the-compile-plan-compiled-only-when-the-run-pays). So timing goes on
+        while each step is still clearly (10 %) faster than every one before it, up to
+        ``steps // 20`` timed steps (2 to 10): a few more eager steps cost nothing next to a
+        compile chosen on a step time several times too long.
         """
         if len(times) < _TIMED_STEPS:
             return False

@@ -208,8 +208,8 @@ def plan_regions(
     units = fsdp_units(model)
     if units:
         return _fsdp_regions(model, units)
-    # "auto" is "whole": block mode's steady step measured 10-12 % slower than the whole
-    # model's on GPT-2 4x256 and 12x768 (docs/compiler.md#regions), so it wins only short runs
+    # "auto" is "whole": block mode's steady step measured slower than the whole model's
+    # (docs/compiler.md#regions-compiled-once-per-repeated-block), so it wins only short runs
     if regions != "blocks":
         return [(model, "call")]
     blocks = repeated_blocks(model)

@@ -2,8 +2,9 @@
 
 ``hasten.compile(model)`` compiles forward and backward; the optimizer update runs after them,
 once per step, over every parameter. Eagerly, PyTorch's default Adam/AdamW on CPU loops over the
-parameters in Python, a dozen elementwise kernels each: measured 6 % (GPT-2 small) to 40 % (MLP
-small) of a training step here. ``compile_step`` makes that update one pass over memory:
+parameters in Python, a dozen elementwise kernels each, a share of the step that grows as the
+model's compute shrinks (measured: docs/compiler.md#compile_step). ``compile_step`` makes that
+update one pass over memory:
 
 * ``update="fused"``: switch the optimizer to its fused kernel (Adam, AdamW, SGD, Adagrad; CPU and
   GPU), one multi-tensor kernel already compiled into PyTorch;
@@ -15,8 +16,8 @@ small) of a training step here. ``compile_step`` makes that update one pass over
   docs/compiler.md), the fused kernel beat Inductor's generated update on CPU and needs no compile.
 
 The step function itself runs as written: its forward/backward are compiled by ``hasten.compile``.
-Tracing the whole step (forward, loss, backward break, update) into one function measured no faster
-than this split and compiles longer, so hasten does not do it.
+Tracing the whole step (forward, loss, backward break, update) into one function was no faster
+than this split and compiles longer (docs/compiler.md#compile_step), so hasten does not do it.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@
   (``ForSequenceClassificationLoss``). hasten sets it before that first call, by the same rule,
   from the call's labels (:func:`call_fixes`): the value the model would have set itself.
 * A short last batch (a data set not divisible by the batch size): TorchDynamo specialized the
-  first graph on the batch size and recompiled the model for the smaller one (21 s for BERT small
-  on 2 CPU cores, for one step). With ``CompileConfig(dynamic=None)``, the default, a call of
+  first graph on the batch size and recompiled the model for the smaller one, a whole compile
+  for one step (docs/compiler.md#known-traps). With ``CompileConfig(dynamic=None)``, the default, a call of
   another batch size runs eagerly while such calls are rare (:class:`OddBatches`); measured
   against compiling with a dynamic batch dimension from the start in ``docs/compiler.md``.
 * Transformers models that build a KV cache in training (``config.use_cache=True``): every forward
@@ -185,9 +185,10 @@ class OddBatches:
     """Decides when a call whose batch size is not the compiled one runs eagerly instead.
 
     A short last batch (a data set not divisible by the batch size) made TorchDynamo recompile
-    the model for its size: 21 s for BERT small on 2 cores, to run one step. Compiling shape-
-    generic from the first call avoids that but switches off passes that need static shapes
-    (``split_at_returned_logits``) and measured slower per step (docs/compiler.md). So the graph
+    the model for its size, a whole compile to run one step. Compiling shape-generic from the
+    first call avoids that but switches off passes that need static shapes
+    (``split_at_returned_logits``) and was slower per step
+    (docs/compiler.md#short-last-batch-eager-not-a-recompile). So the graph
     stays specialized on the first batch size, and a call of another batch size runs eagerly
     while such calls stay rare: the first one always, later ones while they are at most one in
     :attr:`RARE` of the variant's calls. Once they

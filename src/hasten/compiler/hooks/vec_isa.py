@@ -126,7 +126,7 @@ def start_vec_isa_probe(directory: str) -> None:
     """Work out :func:`vec_isa_patch` for cache ``directory`` in a daemon thread (at most once).
 
     The thread's imports happen here, in the caller's thread (see :data:`_THREAD_IMPORTS`); they
-    are ones Inductor's first compile makes anyway (about 1 s, moved from the first call here).
+    are ones Inductor's first compile makes anyway, so their time moves off the first call.
     """
     if not usable("inductor.vec_isa"):  # the probe imported _THREAD_IMPORTS, or failed to
         return
@@ -183,8 +183,8 @@ def _resolve(future: Future[tuple[tuple[str, Any], ...]], directory: str, backgr
 
 def _build_small_checks(isas: list[Any]) -> None:
     """Build the small per-ISA checks Inductor runs even with ``cpp.vec_isa_ok`` (VNNI, AMX
-    tiles, AVX-512 bf16; 0.3 s each, cold) for ``isas``, so that Inductor's own checks find
-    them built and only load them (20 ms each).
+    tiles, AVX-512 bf16; each a C++ build when cold) for ``isas``, so that Inductor's own checks
+    find them built and only load them (docs/compiler.md, "Compile time").
 
     Each check runs on a twin of the ISA that takes the header build as passed (what
     ``cpp.vec_isa_ok`` does, without setting it: the setting is process-wide and this runs in a
@@ -211,7 +211,7 @@ def _build_kernel_header(isa: Any) -> None:
     Inductor precompiles ``cpp_prefix.h`` (a large ``.gch``, seconds to build) at its first kernel,
     once per machine (the file lives in ``<tmp>/torchinductor_<user>/precompiled_headers``, not in
     the cache directory, so a fresh node pays it even after ``hasten cache import``), and
-    preprocesses it once per process (0.14 s) to check the file is current. This makes the same
+    preprocesses it once per process to check the file is current. This makes the same
     call, with the arguments Inductor's kernel loader passes, in order, so Inductor's in-process
     memo of it hits and the file is found built. Only for the ISA Inductor picks by default.
     """

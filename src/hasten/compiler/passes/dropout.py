@@ -2,16 +2,16 @@
 
 With ``fallback_random`` (hasten's CPU default, see ``backend.py``) Inductor runs dropout as
 ATen's ``native_dropout``: a float ``bernoulli_`` draw per element, a multiply, and a copy of the
-noise into a bool mask, none of it fused. Measured at one thread on 524 K elements: 3.6 ms.
+noise into a bool mask, none of it fused.
 
 This pass rewrites each training ``F.dropout`` of the captured graph (``nn.Dropout`` modules) to
-one draw of uniform 31-bit integers (ATen ``random_`` on int32: 0.95 ms, from the same default
+one draw of uniform 31-bit integers (ATen ``random_`` on int32, from the same default
 generator, so ``torch.manual_seed`` still makes runs repeatable) and a comparison against
-``p * 2**31`` that Inductor fuses, with the scaling, into the kernels around it (0.56 ms). The
-mask it keeps for the backward is ``keep`` in the input's dtype (or the int32 noise, as the
-partitioner picks): Inductor's CPU kernels store a bool mask slowly (3.7 ms for the same tensor,
-measured), a float one at full vector speed (0.56 ms), at the price of 3 more bytes an element
-(fp32) among the tensors saved for backward.
+``p * 2**31`` that Inductor fuses, with the scaling, into the kernels around it. The mask it
+keeps for the backward is ``keep`` in the input's dtype (or the int32 noise, as the partitioner
+picks): Inductor's CPU kernels store a bool mask slowly and a float one at full vector speed, at
+the price of 3 more bytes an element (fp32) among the tensors saved for backward. (Timings:
+docs/compiler.md#passes.)
 
 The meaning is exactly ``F.dropout``'s: each element is kept with probability ``1 - p`` (to
 within 2**-32) and scaled by ``1 / (1 - p)``. The bits differ from eager's for the same seed (as

@@ -23,14 +23,13 @@ elements (a classifier's head: cheap to materialise, and Inductor fuses its loss
 
 Numerics: the same sums in another order (fp32: as close to a float64 reference as eager is).
 
-Off by default (``CompileConfig(passes={"fused_linear_cross_entropy": True})`` turns it on), as
-measured on GPT-2 124M returning only its loss (batch 2 x 256, fp32, 2 CPU cores, one run of
-``benchmarks/gpt2_base_limit.py``): step 1.556 s -> 1.570 s (within the rounds' spread) and peak
-step memory 719 -> 785 MiB. The chunks do save the logits, their log-softmax and gradient, but
+Off by default (``CompileConfig(passes={"fused_linear_cross_entropy": True})`` turns it on): on
+GPT-2 124M returning only its loss it did not shorten the step and raised the peak step memory
+(measured: docs/compiler.md#passes, ``benchmarks/gpt2_base_limit.py``). The chunks do save the logits, their log-softmax and gradient, but
 the weight's gradient (vocabulary x width: 154 MB) is made in the forward and kept until the
 backward, which scales it into a second tensor of that size. What would fix it: scale in place
 (the incoming gradient of a loss is 1 in nearly every loop), or recompute the chunk logits in the
-backward (one more LM-head matmul, ~10 % of this step's FLOPs).
+backward (one more LM-head matmul per chunk).
 """
 
 from __future__ import annotations

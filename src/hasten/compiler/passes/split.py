@@ -5,9 +5,8 @@ one graph, and returns both. The user backpropagates the loss; nobody backpropag
 In one compiled graph (one autograd node) the backward still needs a gradient for every output
 that requires grad, so autograd hands it a materialized zero tensor the size of the logits
 (batch x sequence x vocabulary: 32 MiB for GPT-2 small at batch 8), fills it, and the compiled
-backward reads it and adds it in. Measured on GPT-2 small (fp32, one thread): that ``zeros`` took
-17-27 ms of a ~450 ms step, and kept 32 MiB more alive at the peak than ``torch.compile``'s
-graph-broken run.
+backward reads it and adds it in: a fill and a read of that size every step, and that much more
+alive at the peak than ``torch.compile``'s graph-broken run (measured: docs/compiler.md#passes).
 
 This pass cuts the graph into two at such a tensor ``X``: the part that does not depend on ``X``
 (the model up to the logits, label shifting) and the part that does (the loss). Each part is
