@@ -22,12 +22,15 @@ picks one with its ``"policy"`` key (default ``"relative_probabilistic"``, SageM
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from hasten.sifting.core import rules
 from hasten.sifting.core.fields import beta_value, from_mapping, integer, nested, set_field
 from hasten.sifting.exceptions import SiftConfigValidationException
+from hasten.sifting.policy import relative_keep_probability, relative_probabilistic_select
 
 __all__ = [
     "LossConfig",
@@ -128,22 +131,33 @@ class RelativeProbabilisticSiftConfig:
         return dataclasses.asdict(self)
 
 
-def __getattr__(name: str) -> Any:
-    # SIFT_CONFIGS: the config classes of the rules the loader runs, by name; a live, read-only
-    # view of hasten.sifting.core.rules.RULES (resolved on use: the registry imports this module)
-    if name == "SIFT_CONFIGS":
-        from hasten.sifting.core.rules import LOADER, configs_for
+rules.register_rule(
+    "relative_probabilistic",
+    RelativeProbabilisticSiftConfig,
+    lambda cfg: functools.partial(relative_probabilistic_select, beta_value=cfg.beta_value),
+    frontends={rules.LOADER},
+    keep_probability=lambda cfg, losses, history: relative_keep_probability(
+        losses, history, beta_value=cfg.beta_value
+    ),
+    nominal_keep_rate=lambda cfg: cfg.expected_keep_rate,
+    elsewhere="For PruningSampler, use StaleRelativePruningConfig(beta_value=...): the same rule "
+    "on the losses the training step fed back.",
+    example={
+        "beta_value": 1.0,
+        "loss_history_length": 256,
+        "loss_based_sift_config": {"sift_config": {"sift_delay": 0}},
+    },
+)
 
-        return configs_for(LOADER)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+SIFT_CONFIGS: Mapping[str, type] = rules.configs_for(rules.LOADER)
+"""The config classes of the rules the loader runs, by name: a live, read-only view of
+:data:`hasten.sifting.core.rules.RULES`."""
 
 
 def register_sift_config(name: str, config_cls: type[_C]) -> type[_C]:
     """Deprecated: use :func:`hasten.sifting.core.rules.register_rule` (name, config and policy
     in one call). Makes ``config_cls`` selectable as ``{"policy": name, ...}``."""
-    from hasten.sifting.core.rules import LOADER, _register_half
-
-    _register_half(config_cls, name=name, frontend=LOADER)
+    rules._register_half(config_cls, name=name, frontend=rules.LOADER)
     return config_cls
 
 
@@ -158,6 +172,4 @@ def coerce_sift_config(config: Any) -> Any:
             ``"policy"`` name, an object that is not a sifting config, or a rule the loader does
             not run (the message names what to use instead).
     """
-    from hasten.sifting.core.rules import LOADER, coerce_config
-
-    return coerce_config(config, LOADER, what="sift_config")
+    return rules.coerce_config(config, rules.LOADER, what="sift_config")

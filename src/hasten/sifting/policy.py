@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from hasten.sifting.core import rules as _rules
 from hasten.sifting.history import percentile_of
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "SiftPolicy",
     "policy_for",
     "register_policy",
+    "relative_keep_probability",
     "relative_probabilistic_select",
 ]
 
@@ -80,12 +82,17 @@ def relative_probabilistic_select(
     return Selection(keep=keep)
 
 
+def relative_keep_probability(losses: Tensor, history: Tensor, *, beta_value: float) -> Tensor:
+    """The law :func:`relative_probabilistic_select` follows: each sample's probability of being
+    kept, ``p ** beta_value`` (1 for a non-finite loss)."""
+    p = percentile_of(losses, history).pow_(beta_value)
+    return torch.where(torch.isfinite(losses), p, 1.0)
+
+
 def register_policy(config_cls: type, factory: Callable[[Any], SiftPolicy]) -> None:
     """Deprecated: use :func:`hasten.sifting.core.rules.register_rule` (name, config and policy
     in one call). Registers ``factory(config) -> policy`` for configs of class ``config_cls``."""
-    from hasten.sifting.core.rules import _register_half
-
-    _register_half(config_cls, policy=factory)
+    _rules._register_half(config_cls, policy=factory)
 
 
 def policy_for(config: Any) -> SiftPolicy:
@@ -94,6 +101,4 @@ def policy_for(config: Any) -> SiftPolicy:
     Raises:
         SiftConfigValidationException: when no rule is registered for the config's class.
     """
-    from hasten.sifting.core.rules import policy_for as _policy_for
-
-    return _policy_for(config)
+    return _rules.policy_for(config)

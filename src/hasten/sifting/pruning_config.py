@@ -21,13 +21,18 @@ also says that they run in the sampler only; new rules register there.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from hasten.sifting.core import rules
 from hasten.sifting.core.fields import beta_value, fraction, optional_integer, set_field
 from hasten.sifting.exceptions import SiftConfigValidationException
 from hasten.sifting.guard import DEFAULT_GUARD, PruningGuard, coerce_guard
+from hasten.sifting.policy import relative_keep_probability, relative_probabilistic_select
+from hasten.sifting.unbiased import unbiased_keep_probability, unbiased_select
 
 __all__ = [
     "StaleRelativePruningConfig",
@@ -128,23 +133,42 @@ class StaleRelativePruningConfig:
         return {"policy": "stale_relative", **dataclasses.asdict(self)}
 
 
-def __getattr__(name: str) -> Any:
-    # PRUNING_CONFIGS: the config classes of the rules PruningSampler runs, by name; a live,
-    # read-only view of hasten.sifting.core.rules.RULES (resolved on use: the registry imports
-    # this module)
-    if name == "PRUNING_CONFIGS":
-        from hasten.sifting.core.rules import SAMPLER, configs_for
+rules.register_rule(
+    "stale_relative",
+    StaleRelativePruningConfig,
+    lambda cfg: functools.partial(relative_probabilistic_select, beta_value=cfg.beta_value),
+    frontends={rules.SAMPLER},
+    keep_probability=lambda cfg, losses, history: relative_keep_probability(
+        losses, history, beta_value=cfg.beta_value
+    ),
+    elsewhere="For SiftingDataloader, use RelativeProbabilisticSiftConfig(beta_value=..., "
+    "loss_history_length=...): the same rule on freshly scored batches.",
+    example={"beta_value": 1.0, "max_loss_age": 1, "guard": None},
+)
+rules.register_rule(
+    "unbiased",
+    UnbiasedPruningConfig,
+    lambda cfg: functools.partial(
+        unbiased_select, prune_ratio=cfg.prune_ratio, threshold=cfg.threshold
+    ),
+    frontends={rules.SAMPLER},
+    keep_probability=lambda cfg, losses, history: unbiased_keep_probability(
+        losses, history, prune_ratio=cfg.prune_ratio, threshold=cfg.threshold
+    ),
+    elsewhere="Use it through PruningSampler(dataset, UnbiasedPruningConfig(...)): it needs no "
+    "extra forward, and sampler.update(losses) applies its weights to the training loss.",
+    example={"prune_ratio": 0.5, "threshold": "mean", "anneal_fraction": 0.0, "guard": None},
+)
 
-        return configs_for(SAMPLER)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+PRUNING_CONFIGS: Mapping[str, type] = rules.configs_for(rules.SAMPLER)
+"""The config classes of the rules :class:`~hasten.sifting.PruningSampler` runs, by name: a
+live, read-only view of :data:`hasten.sifting.core.rules.RULES`."""
 
 
 def register_pruning_config(name: str, config_cls: type[_C]) -> type[_C]:
     """Deprecated: use :func:`hasten.sifting.core.rules.register_rule` (name, config and policy
     in one call). Makes ``config_cls`` selectable as ``{"policy": name, ...}``."""
-    from hasten.sifting.core.rules import SAMPLER, _register_half
-
-    _register_half(config_cls, name=name, frontend=SAMPLER)
+    rules._register_half(config_cls, name=name, frontend=rules.SAMPLER)
     return config_cls
 
 
@@ -159,6 +183,4 @@ def coerce_pruning_config(config: Any) -> Any:
             that is not a registered config, or a rule the sampler does not run (the message
             names what to use instead).
     """
-    from hasten.sifting.core.rules import SAMPLER, coerce_config
-
-    return coerce_config(config, SAMPLER, what="pruning config")
+    return rules.coerce_config(config, rules.SAMPLER, what="pruning config")

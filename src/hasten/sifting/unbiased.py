@@ -24,7 +24,7 @@ from torch import Tensor
 
 from hasten.sifting.policy import Selection
 
-__all__ = ["loss_threshold", "unbiased_select"]
+__all__ = ["loss_threshold", "unbiased_keep_probability", "unbiased_select"]
 
 
 def loss_threshold(reference: Tensor, threshold: str | float = "mean") -> Tensor:
@@ -82,3 +82,13 @@ def unbiased_select(
     keep = ~low | (u >= prune_ratio)
     weights = torch.where(low, 1.0 / (1.0 - prune_ratio), 1.0)
     return Selection(keep=keep, weights=weights)
+
+
+def unbiased_keep_probability(
+    losses: Tensor, history: Tensor, *, prune_ratio: float, threshold: str | float = "mean"
+) -> Tensor:
+    """The law :func:`unbiased_select` follows: each sample's probability of being kept,
+    ``1 - prune_ratio`` below the threshold of ``history``, else 1."""
+    x = losses.detach().float()
+    low = torch.isfinite(x) & (x < loss_threshold(history, threshold))
+    return torch.where(low, 1.0 - prune_ratio, 1.0)

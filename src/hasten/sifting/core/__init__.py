@@ -10,8 +10,9 @@
   per-sample loss check;
 - :mod:`~hasten.sifting.core.state`: state dicts derived from dataclasses.
 
-Nothing is imported here, so that the config modules can use :mod:`~hasten.sifting.core.fields`
-while the registry imports them.
+Nothing is imported here: each module is imported by name. The layers run one way: the
+registry imports only ``fields`` and the exceptions; the policies import the registry, and the
+config modules import both and register their rules.
 """
 
 __all__: list[str] = []

@@ -16,6 +16,12 @@ against) and the front-ends that run it:
   ``history`` = the finite ones). Its rules may weight the kept samples:
   ``PruningSampler.update`` applies the weights to the loss it returns.
 
+The registry is the bottom layer of sifting: it imports nothing of sifting but the field
+validators and the exceptions (``tests/unit/sifting/test_layering.py`` checks it). Each config
+module registers its own rules when it is imported, with the policy and the keep law from the
+policy modules beneath it: :mod:`hasten.sifting.config` the loader's, :mod:`hasten.sifting.
+pruning_config` the sampler's (importing :mod:`hasten.sifting` imports both).
+
 Built-in rules (name, config, front-end, keep law):
 
 - ``relative_probabilistic``: :class:`~hasten.sifting.config.RelativeProbabilisticSiftConfig`,
@@ -49,23 +55,19 @@ What each front-end reads from a config besides the rule: the loader ``loss_hist
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 
-from hasten.sifting.config import RelativeProbabilisticSiftConfig
 from hasten.sifting.core.fields import from_mapping
 from hasten.sifting.exceptions import SiftConfigValidationException
-from hasten.sifting.history import percentile_of
-from hasten.sifting.policy import SiftPolicy, relative_probabilistic_select
-from hasten.sifting.pruning_config import StaleRelativePruningConfig, UnbiasedPruningConfig
-from hasten.sifting.unbiased import loss_threshold, unbiased_select
+
+if TYPE_CHECKING:  # a type only: the policies sit above the registry
+    from hasten.sifting.policy import SiftPolicy
 
 __all__ = [
     "FRONTENDS",
@@ -344,69 +346,3 @@ def _register_half(
             # as before the registry: the config's expected_keep_rate, else 1 (no sifting)
             nominal_keep_rate=lambda cfg: float(getattr(cfg, "expected_keep_rate", 1.0)),
         )
-
-
-# --------------------------------------------------------------------------- built-in rules
-
-
-def _relative_keep_probability(beta: float, losses: Tensor, history: Tensor) -> Tensor:
-    p = percentile_of(losses, history).pow_(beta)
-    return torch.where(torch.isfinite(losses), p, 1.0)
-
-
-def _unbiased_keep_probability(cfg: UnbiasedPruningConfig, losses: Tensor, history: Tensor):
-    x = losses.detach().float()
-    low = torch.isfinite(x) & (x < loss_threshold(history, cfg.threshold))
-    return torch.where(low, 1.0 - cfg.prune_ratio, 1.0)
-
-
-def _relative_select(cfg: RelativeProbabilisticSiftConfig | StaleRelativePruningConfig):
-    """SageMaker's relative rule at the config's beta (both front-ends run it)."""
-    return functools.partial(relative_probabilistic_select, beta_value=cfg.beta_value)
-
-
-def _relative_keep(
-    cfg: RelativeProbabilisticSiftConfig | StaleRelativePruningConfig,
-    losses: Tensor,
-    history: Tensor,
-) -> Tensor:
-    return _relative_keep_probability(cfg.beta_value, losses, history)
-
-
-register_rule(
-    "relative_probabilistic",
-    RelativeProbabilisticSiftConfig,
-    _relative_select,
-    frontends={LOADER},
-    keep_probability=_relative_keep,
-    nominal_keep_rate=lambda cfg: cfg.expected_keep_rate,
-    elsewhere="For PruningSampler, use StaleRelativePruningConfig(beta_value=...): the same rule "
-    "on the losses the training step fed back.",
-    example={
-        "beta_value": 1.0,
-        "loss_history_length": 256,
-        "loss_based_sift_config": {"sift_config": {"sift_delay": 0}},
-    },
-)
-register_rule(
-    "stale_relative",
-    StaleRelativePruningConfig,
-    _relative_select,
-    frontends={SAMPLER},
-    keep_probability=_relative_keep,
-    elsewhere="For SiftingDataloader, use RelativeProbabilisticSiftConfig(beta_value=..., "
-    "loss_history_length=...): the same rule on freshly scored batches.",
-    example={"beta_value": 1.0, "max_loss_age": 1, "guard": None},
-)
-register_rule(
-    "unbiased",
-    UnbiasedPruningConfig,
-    lambda cfg: functools.partial(
-        unbiased_select, prune_ratio=cfg.prune_ratio, threshold=cfg.threshold
-    ),
-    frontends={SAMPLER},
-    keep_probability=_unbiased_keep_probability,
-    elsewhere="Use it through PruningSampler(dataset, UnbiasedPruningConfig(...)): it needs no "
-    "extra forward, and sampler.update(losses) applies its weights to the training loss.",
-    example={"prune_ratio": 0.5, "threshold": "mean", "anneal_fraction": 0.0, "guard": None},
-)
