@@ -149,7 +149,7 @@ def compile(
         if target is not model:
             attach_grad_scaler(target, device.type)
     install(target, cfg, record, device.type)
-    if device.type == "cpu" and VEC_ISA_OK not in cfg.inductor_options:
+    if device.type == "cpu" and VEC_ISA_OK not in cfg.inductor_options and not _planned(cfg):
         start_vec_isa_probe(_cache.cache_dir(cfg.cache_dir))  # runs while TorchDynamo traces
     fixes, notes = call_fixes(target, fix=cfg.fix_known_traps)
     record.fixes.extend(notes)
@@ -174,6 +174,20 @@ def compile_report(model: nn.Module) -> CompileReport:
 
 
 _config = resolve_config
+
+
+def _planned(cfg: CompileConfig) -> bool:
+    """Whether the compile plan decides when to compile (``regions="auto"``, one process).
+
+    Then the SIMD probe and the kernel header build start when the plan decides to compile
+    (runtime.py), not here: in a new cache they take a core for seconds, which would slow the
+    eager steps the plan times, and a run that stays eager never needs them.
+    """
+    from hasten.compiler.plan import distributed_run
+
+    return cfg.regions == "auto" and not distributed_run()
+
+
 _at_once = compile_at_once
 
 

@@ -216,6 +216,8 @@ class CompiledCode:
             self.plan.finished(variant, grad, t0, False)
             return out
         first = variant not in self._ran
+        if first and self.device_type == "cpu":
+            self._start_probe()
         calls, before = self.record.backend_calls, graph_break_reasons() if first else None
         out = self._run_compiled(module, args, kwargs, variant)
         compiled_now = self.record.backend_calls != calls
@@ -225,6 +227,16 @@ class CompiledCode:
         if first and before is not None and not self.record.graphs and not self.failed:
             self.warn_nothing_compiled(before)
         return out
+
+    def _start_probe(self) -> None:
+        """Start the SIMD probe and kernel header build (api.py defers them to here under the
+        plan); at most once per cache directory, and it runs while TorchDynamo traces."""
+        from hasten.compiler import cache
+        from hasten.compiler.hooks.inductor import VEC_ISA_OK
+        from hasten.compiler.hooks.vec_isa import start_vec_isa_probe
+
+        if VEC_ISA_OK not in self.config.inductor_options:
+            start_vec_isa_probe(cache.cache_dir(self.config.cache_dir))
 
     def warn_nothing_compiled(self, before: Counter[str]) -> None:
         """Record and warn that compiling captured no graph (``before``: Dynamo's tally then)."""
