@@ -15,8 +15,9 @@ events and answers them with these pieces; only the adapters touch their framewo
                           checkpoints (gathered into one checkpoint where only rank 0 saves,
                           one file per rank where every rank does), checked against the world size
 
-The loader front-end's fixed-length epochs (:class:`~hasten.integrations.epochs.SiftedEpochs`)
-and the length rule (:mod:`hasten.sifting.core.length`) are the other shared pieces.
+How passes become epochs (the pass stream and fixed-length epochs of the loader front-end,
+:class:`~hasten.integrations.epochs.SiftedEpochs`; the pruned pass these passes start and trim;
+the one Keras plans) is :mod:`hasten.sifting.core.epochs`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from hasten.sifting.core import dist as _dist
+from hasten.sifting.core.epochs import start_pruned_pass, whole_steps
 from hasten.sifting.sampler import PruningSampler
 
 __all__ = [
@@ -220,22 +222,12 @@ class PrunedPasses:
             pass
 
     def _set_pass_epoch(self, p: int) -> None:
-        if hasattr(self.loader, "set_epoch"):
-            self.loader.set_epoch(p)  # Accelerate's loader forwards it to the sampler
-        self.sampler.set_epoch(p)
+        start_pruned_pass(self.loader, self.sampler, p)
 
     def _trimmed(self, n: int, p: int) -> int:
-        ga = self.accumulation
+        # the full pass keeps its short last step when the trainer plans that step itself
         full = not self.by_steps and n == self.planned and not self.trim_full_pass
-        if ga == 1 or n % ga == 0 or full:
-            return n  # whole steps; or the full pass, whose short last step the trainer plans
-        if n < ga:
-            raise ValueError(
-                f"pruned epoch {p} has {n} batches, fewer than gradient_accumulation_steps="
-                f"{ga}: no whole optimizer step fits; lower gradient_accumulation_steps or "
-                "per_device_train_batch_size"
-            )
-        return n // ga * ga
+        return whole_steps(n, self.accumulation, p, keep=full)
 
     def continue_from(self, other: PrunedPasses) -> None:
         """Take over ``other``'s position (a trainer rebuilt the loader over the same sampler):

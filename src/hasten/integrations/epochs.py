@@ -45,14 +45,12 @@ ends at the same batch everywhere.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from hasten.sifting._stream import END, PassStream
-from hasten.sifting.core import length as length_rule
 from hasten.sifting.core.dist import all_gather_ints
+from hasten.sifting.core.epochs import FixedEpochs, LengthPlan, PassStream
 from hasten.sifting.loader import SiftingDataloader
 
 __all__ = ["SiftedEpochs", "expected_batches"]
@@ -73,22 +71,15 @@ def expected_batches(loader: SiftingDataloader, passes: int = 1, *, delay: bool 
     """
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise ValueError(f"passes must be an int >= 1, got {passes!r}")
-    return length_rule.expected_batches(**_length_args(loader, passes, delay))
+    return _length_plan(loader).batches(passes, delay=delay, delay_done=0)
 
 
-def _length_args(loader: SiftingDataloader, passes: int, delay: bool = True) -> dict[str, Any]:
-    """The length rule's arguments for ``passes`` passes of ``loader``."""
+def _length_plan(loader: SiftingDataloader) -> LengthPlan:
+    """The length rule's inputs for ``loader``, with this module's advice in its errors."""
     fix = "pass epoch_length=<batches per epoch>"
-    shape = loader._pass_shape(no_length_fix=f"train by steps and {fix}", no_batch_size_fix=fix)
-    cfg = loader.sift_config
-    return {
-        "shape": shape,
-        "rate": loader._nominal_keep_rate,
-        "sift_delay": cfg.sift_delay if delay else 0,
-        "repeat_delay_per_epoch": cfg.repeat_delay_per_epoch,
-        "passes": passes,
-        "out_batch_size": loader._pos.out_batch_size,
-    }
+    return loader.passes.length_plan(
+        no_length_fix=f"train by steps and {fix}", no_batch_size_fix=fix
+    )
 
 
 class SiftedEpochs:
@@ -145,11 +136,7 @@ class SiftedEpochs:
         if step_multiple < 1:
             raise ValueError(f"step_multiple must be >= 1, got {step_multiple}")
         if epoch_length is None:
-            args = _length_args(loader, passes)
-            planned = length_rule.expected_batches(**args)
-            if finish_passes:
-                planned += length_rule.fit_headroom(**args)
-            epoch_length = max(1, math.ceil(planned / passes))
+            epoch_length = _length_plan(loader).epoch_length(passes, finish_passes=finish_passes)
         elif isinstance(epoch_length, bool) or not isinstance(epoch_length, int):
             raise TypeError(f"epoch_length must be an int, got {type(epoch_length).__name__}")
         if epoch_length < 1:
@@ -161,17 +148,28 @@ class SiftedEpochs:
         self.finish_passes = finish_passes
         self.step_multiple = step_multiple
         self.epoch: int | None = None
-        self.finished = False
-        self._yielded = 0  # batches yielded over the whole stream
-        self._passes = PassStream(self._start_pass)
-        self._token = 0
+        self._passes = PassStream(loader.passes.start)
+        self._epochs = FixedEpochs(
+            self._passes,
+            epoch_length,
+            stale="this SiftedEpochs iterator is stale: a newer `for` loop or load_state_dict "
+            "took over the data stream; start a new `for` loop",
+            last_pass=passes - 1 if finish_passes else None,
+            step_multiple=step_multiple,
+            plan_end=(passes * epoch_length, self._check_plan_end) if finish_passes else None,
+            on_end=self._on_finished,
+        )
 
     def __len__(self) -> int:
         return self.epoch_length
 
     def __iter__(self) -> Iterator[Any]:
-        self._token += 1
-        return self._epoch(self._token)
+        return self._epochs.loop()
+
+    @property
+    def finished(self) -> bool:
+        """With ``finish_passes``, whether the fit's last pass was seen to end."""
+        return self._epochs.finished
 
     def set_epoch(self, epoch: int) -> None:
         """Record the trainer's epoch (data passes are numbered and seeded here, not by it)."""
@@ -182,27 +180,6 @@ class SiftedEpochs:
         """The sifting loader's :class:`~hasten.sifting.stats.SiftingStats`."""
         return self.loader.stats
 
-    def _epoch(self, token: int) -> Iterator[Any]:
-        last = self.passes - 1 if self.finish_passes else None
-        for k in range(self.epoch_length):
-            if self.finished:
-                return
-            if token != self._token:
-                raise RuntimeError(
-                    "this SiftedEpochs iterator is stale: a newer `for` loop or load_state_dict "
-                    "took over the data stream; start a new `for` loop"
-                )
-            # the fit's last pass over: end here, or once the optimizer step in progress is whole
-            batch = self._passes.next(None if k % self.step_multiple else last)
-            if batch is END:
-                self.finished = True
-                self._on_finished()
-                return
-            self._yielded += 1
-            if self.finish_passes and self._yielded == self.passes * self.epoch_length:
-                self._check_plan_end()  # before the yield: a trainer asks for no batch after it
-            yield batch
-
     def _on_finished(self) -> None:
         """Called once the fit's last pass is over (a trainer adapter stops its trainer here)."""
 
@@ -211,10 +188,11 @@ class SiftedEpochs:
         plan holds), naming what was left."""
         last = self.passes - 1
         p = self._passes.data_epoch
-        pos, buffered = self.loader._pos, self.loader._buffer.count
         if p > last:
             return
-        left = self.loader._pass_shape().batches - pos.batches_in if self._passes.in_pass else 0
+        left, buffered = self.loader.passes.left()
+        if not self._passes.in_pass:
+            left = 0
         later = last - p if self._passes.in_pass else last - p + 1
         if left <= 0 and buffered == 0 and later <= 0:
             return  # the last pass's batches are all out; only its end is not seen yet
@@ -233,10 +211,6 @@ class SiftedEpochs:
         """Index of the data pass in progress (or last finished); -1 before the first."""
         return self._passes.data_epoch
 
-    def _start_pass(self, data_epoch: int) -> Iterator[Any]:
-        self.loader._set_pass_epoch(data_epoch)
-        return self.loader._iter_pass()
-
     # ------------------------------------------------------------------ checkpointing
 
     def state_dict(self) -> dict[str, Any]:
@@ -247,7 +221,7 @@ class SiftedEpochs:
             "epoch_length": self.epoch_length,
             "epoch": self.epoch,
             "finished": self.finished,
-            "yielded": self._yielded,
+            "yielded": self._epochs.yielded,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -259,11 +233,11 @@ class SiftedEpochs:
             )
         self.loader.load_state_dict(state["loader"])
         self.epoch = state["epoch"]
-        self.finished = bool(state.get("finished", False))  # absent from older states
-        self._yielded = int(state.get("yielded", 0))
-        self._token += 1
+        self._epochs.finished = bool(state.get("finished", False))  # absent from older states
+        self._epochs.yielded = int(state.get("yielded", 0))
+        self._epochs.invalidate()
         # mid-pass: a new iterator over the loader finishes the interrupted pass
-        self._passes.load_state_dict(state, self.loader._iter_pass)
+        self._passes.load_state_dict(state, self.loader.passes.resume)
 
     def __repr__(self) -> str:
         ends = f", ends with pass {self.passes - 1}" if self.finish_passes else ""

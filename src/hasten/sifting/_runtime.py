@@ -13,6 +13,7 @@ __all__ = [
     "is_iterable_style",
     "loader_batch_size",
     "loader_drop_last",
+    "set_loader_epoch",
     "set_loader_generator_states",
     "shuffles_globally",
 ]
@@ -92,3 +93,20 @@ def shuffles_globally(loader: Any) -> bool:
     """Whether the loader shuffles from the global RNG (its order cannot be replayed)."""
     sampler = getattr(loader, "sampler", None)
     return isinstance(sampler, torch.utils.data.RandomSampler) and sampler.generator is None
+
+
+def set_loader_epoch(loader: Any, epoch: int) -> None:
+    """``set_epoch(epoch)`` on the loader, its batch sampler and their samplers
+    (``DistributedSampler``), where they have one; each object once."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    seen: set[int] = set()
+    for target in (
+        loader,
+        batch_sampler,
+        getattr(loader, "sampler", None),
+        getattr(batch_sampler, "sampler", None),
+    ):
+        fn = getattr(target, "set_epoch", None)
+        if target is not None and callable(fn) and id(target) not in seen:
+            seen.add(id(target))
+            fn(epoch)

@@ -27,7 +27,6 @@ batches. Each kept row is yielded once; the policy decides which rows are kept (
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 import warnings
@@ -39,20 +38,25 @@ import torch
 from torch import Tensor, nn
 
 from hasten._modules import module_device
+from hasten.sifting._generator import SiftGenerator
+from hasten.sifting._progress import SAGEMAKER_LOGGER as SAGEMAKER_LOGGER  # kept importable here
+from hasten.sifting._progress import Progress, log_batch
+from hasten.sifting._progress import logger as logger
 from hasten.sifting._runtime import (
     get_loader_generator_states,
     is_iterable_style,
     loader_drop_last,
+    set_loader_epoch,
     set_loader_generator_states,
     shuffles_globally,
 )
-from hasten.sifting._stream import PassStream
 from hasten.sifting.batch import BatchCodec, SiftingBatch, SiftingBatchTransform, codec_for
 from hasten.sifting.buffer import KeptBuffer
 from hasten.sifting.config import coerce_sift_config
 from hasten.sifting.core.dist import gather_counts, rank
+from hasten.sifting.core.epochs import LengthPlan, LoaderEpochs, PassSource
 from hasten.sifting.core.forward import check_per_sample_losses, eval_modules
-from hasten.sifting.core.length import PassShape, expected_batches, pass_shape
+from hasten.sifting.core.length import PassShape, pass_shape
 from hasten.sifting.core.rules import rule_of
 from hasten.sifting.core.state import from_state, to_state
 from hasten.sifting.exceptions import (
@@ -63,16 +67,13 @@ from hasten.sifting.history import LossHistory
 from hasten.sifting.loss import SupportsLoss, as_loss
 from hasten.sifting.padding import Padding
 from hasten.sifting.policy import SiftPolicy
-from hasten.sifting.stats import STAGES, SiftingStats
+from hasten.sifting.stats import SiftingStats
 
 __all__ = ["SiftingDataloader"]
-
-logger = logging.getLogger("hasten.sifting")
-SAGEMAKER_LOGGER = "hasten.smart_sifting.dataloader.sift_dataloader"
-"""The logger name SageMaker's ``smart_sifting.dataloader.sift_dataloader`` module logs under,
-beneath hasten's prefix (see :func:`_log`)."""
-_sagemaker_logger = logging.getLogger(SAGEMAKER_LOGGER)
-
+_STALE = (
+    "this SiftingDataloader iterator is stale: the loader was iterated again or restored with "
+    "load_state_dict since it was created; start a new `for` loop"
+)
 _STATE_VERSION = 2
 # 1: buffered rows stored as SiftingBatch objects (needed torch.load(weights_only=False));
 # 2: the whole state is plain (tensors, numbers, strings, lists, dicts), rows stored by position.
@@ -143,6 +144,9 @@ class SiftingDataloader:
         stats: A :class:`~hasten.sifting.stats.SiftingStats`, updated as batches go by.
         last_sample_ids: For the last yielded batch, the position of each row in its epoch's
             stream of samples (int64 tensor, ``None`` for batches passed through unscored).
+        passes: The loader's data passes as fixed-length epochs draw them (a
+            :class:`~hasten.sifting.core.epochs.PassSource`: what
+            :class:`~hasten.integrations.epochs.SiftedEpochs` uses).
 
     Length, epochs, resume: see :meth:`__len__`, :meth:`set_epoch` and :meth:`state_dict`.
     Reading ``len()`` fixes the length of every later ``for`` loop (``len()`` is then exact, as
@@ -173,38 +177,16 @@ class SiftingDataloader:
         self.model = _check_model(model)
         self.loss_impl: SupportsLoss = _check_loss(loss_impl)
         self._loss_name = f"{type(self.loss_impl).__name__}.loss"  # for messages
-        if batch_transforms is not None and not (
-            callable(getattr(batch_transforms, "transform", None))
-            and callable(getattr(batch_transforms, "reverse_transform", None))
-        ):
-            raise TypeError(
-                f"batch_transforms must be a SiftingBatchTransform (with transform() and "
-                f"reverse_transform()), got {type(batch_transforms).__name__}"
-            )
-        if batch_format_index is not None and (
-            isinstance(batch_format_index, bool)
-            or not isinstance(batch_format_index, int)
-            or batch_format_index < 0
-        ):
-            raise ValueError(
-                f"batch_format_index must be a dimension index >= 0 (0: samples along the "
-                f"first dimension, 1: along the second) or None, got {batch_format_index!r}"
-            )
-        if batch_transforms is not None and pad_values is not None:
-            raise ValueError(
-                "pad_values applies to the built-in batch codec; with batch_transforms, pad in "
-                "your SiftingBatch's concat() instead"
-            )
+        _check_arguments(
+            batch_transforms,
+            batch_format_index,
+            pad_values,
+            seed,
+            generator,
+            batch_size,
+            log_interval,
+        )
         padding = Padding(pad_values, padding_side)
-        if seed is not None and generator is not None:
-            raise ValueError("pass either seed or generator, not both")
-        for name, value in (("batch_size", batch_size), ("log_interval", log_interval)):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 0
-            ):
-                raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
-        if batch_size == 0:
-            raise ValueError("batch_size must be >= 1")
         self.batch_transforms = batch_transforms
         self.log_batch_data = bool(log_batch_data)
         self.batch_format_index = batch_format_index
@@ -216,9 +198,7 @@ class SiftingDataloader:
         self._policy: SiftPolicy = rule.policy(self.sift_config)
         self._nominal_keep_rate = float(rule.nominal_keep_rate(self.sift_config))  # type: ignore[misc]
         self._history = LossHistory(self.sift_config.loss_history_length)
-        self._seed = int(torch.initial_seed() if seed is None else seed) % (2**63)
-        self._generator = generator
-        self._pending_generator_state: dict[str, Any] | None = None
+        self._gen = SiftGenerator(seed, generator)
         self.stats = SiftingStats()
         self.last_sample_ids: Tensor | None = None
 
@@ -230,33 +210,22 @@ class SiftingDataloader:
         self._buffer = KeptBuffer()
         self._pending_buffer: dict[str, Any] | None = None  # loaded, not yet re-created
         self._resume = False
-        self._token = 0  # invalidates running iterators on __iter__ / load_state_dict
-        self._last_log = (0, dict.fromkeys(STAGES, 0.0))
-        self._logged_sifted = False  # the first sifted batch was logged
-        self._last_logged_out = -1  # num_batches_out at the last progress line
+        self._progress = Progress()
         self._pass_batches: int | None = None  # len() of the wrapped loader this pass
         self._modules: list[nn.Module] | None = None  # the model's modules, listed each epoch
-        # fixed-length loops (once len() was read): the stream of data passes they draw from
-        self._epoch_length: int | None = None
-        self._stream: PassStream | None = None
         self._pass_token = 0  # invalidates running data-pass iterators
         self.epoch: int | None = None  # the last value given to set_epoch
-        self._looping = False  # a one-pass `for` loop is running (len() is then a hint only)
-        self._unstarted = False  # a one-pass iterator was made but not started yet
-        self._len_provisional: int | None = None  # len() read while it was unstarted
+        # the data passes, as fixed-length epochs draw them (here and in SiftedEpochs)
+        self.passes = PassSource(
+            self._start_pass, self._iter_pass, self._length_plan, self._pass_left
+        )
+        # the loops: one data pass each until len() is read, then len() batches of a stream
+        self._epochs = LoaderEpochs(self.passes, stale=_STALE)
 
     # ------------------------------------------------------------------ protocol
 
     def __iter__(self) -> Iterator[Any]:
-        self._token += 1
-        if self._epoch_length is None and self._len_provisional is not None:
-            # len() was read while an unstarted iterator was open (a trainer probing the loader
-            # with iter(), then planning by len()), and now a new loop begins: fix the length
-            self._epoch_length, self._len_provisional = self._len_provisional, None
-        if self._epoch_length is None:  # one `for` loop = one data pass
-            self._unstarted = True
-            return self._iter_pass()
-        return self._run_fixed(self._token)
+        return self._epochs.loop(self._iter_pass, self._pos.epoch)
 
     def __len__(self) -> int:
         """Batches in every ``for`` loop over the loader: exact, and fixed when first read.
@@ -288,31 +257,29 @@ class SiftingDataloader:
                 size cannot be found (a custom ``batch_sampler`` without ``batch_size``): pass
                 ``SiftingDataloader(..., batch_size=N)``.
         """
-        if self._epoch_length is not None:
-            return self._epoch_length
-        if self._looping:
-            return self._expected_pass_length(observed=True)
-        length = max(1, self._expected_pass_length(observed=False))
-        if self._unstarted:  # list(loader) asks here; so does Lightning after probing iter()
-            self._len_provisional = length
-        else:
-            self._epoch_length = length
-        return length
+        return self._epochs.read_len(self._expected_pass_length)
 
     def _expected_pass_length(self, observed: bool) -> int:
         """Expected batches of the next data pass (:mod:`hasten.sifting.core.length`), at the
         rule's nominal keep rate (the same on every rank), or at the rate ``observed`` so far
         once something was scored."""
+        return self._length_plan().batches(rate=self.stats.keep_rate if observed else None)
+
+    def _length_plan(self, **fixes: str) -> LengthPlan:
+        """The length rule's inputs now (see :class:`~hasten.sifting.core.epochs.LengthPlan`)."""
         cfg, pos = self.sift_config, self._pos
-        rate = self.stats.keep_rate if observed else None
-        return expected_batches(
-            self._pass_shape(),
-            self._nominal_keep_rate if rate is None else rate,
-            sift_delay=cfg.sift_delay,
-            repeat_delay_per_epoch=cfg.repeat_delay_per_epoch,
-            delay_done=pos.delay_done_epoch_start if pos.in_epoch else pos.delay_done,
-            out_batch_size=pos.out_batch_size,
+        return LengthPlan(
+            self._pass_shape(**fixes),
+            self._nominal_keep_rate,
+            cfg.sift_delay,
+            cfg.repeat_delay_per_epoch,
+            pos.out_batch_size,
+            pos.delay_done_epoch_start if pos.in_epoch else pos.delay_done,
         )
+
+    def _pass_left(self) -> tuple[int, int]:
+        """Incoming batches of the pass in progress not drawn yet, and kept samples buffered."""
+        return self._pass_shape().batches - self._pos.batches_in, self._buffer.count
 
     def _pass_shape(self, **fixes: str) -> PassShape:
         """One pass of the wrapped loader as the length rule sees it; ``fixes`` replace the
@@ -326,19 +293,6 @@ class SiftingDataloader:
                 **fixes,
             },
         )
-
-    def _run_fixed(self, token: int) -> Iterator[Any]:
-        """One fixed-length ``for`` loop over the stream of data passes (see :meth:`__len__`)."""
-        if self._stream is None:
-            self._stream = PassStream(self._start_pass, data_epoch=self._pos.epoch)
-        stream = self._stream
-        for _ in range(self._epoch_length or 0):
-            if token != self._token:
-                raise RuntimeError(
-                    "this SiftingDataloader iterator is stale: the loader was iterated again or "
-                    "restored with load_state_dict since it was created; start a new `for` loop"
-                )
-            yield stream.next()
 
     def _start_pass(self, data_epoch: int) -> Iterator[Any]:
         self._set_pass_epoch(data_epoch)
@@ -357,24 +311,12 @@ class SiftingDataloader:
         :meth:`__len__`): the loader then numbers the passes and seeds each itself, and
         ``epoch`` is only recorded (as :attr:`epoch`)."""
         self.epoch = epoch
-        if self._epoch_length is None:
+        if self._epochs.length is None:
             self._set_pass_epoch(epoch)
 
     def _set_pass_epoch(self, epoch: int) -> None:
         self._pos.sampler_epoch = epoch
-        orig = self.orig_dataloader
-        batch_sampler = getattr(orig, "batch_sampler", None)
-        seen: set[int] = set()
-        for target in (
-            orig,
-            batch_sampler,
-            getattr(orig, "sampler", None),
-            getattr(batch_sampler, "sampler", None),
-        ):
-            fn = getattr(target, "set_epoch", None)
-            if target is not None and callable(fn) and id(target) not in seen:
-                seen.add(id(target))
-                fn(epoch)
+        set_loader_epoch(self.orig_dataloader, epoch)
 
     @property
     def data_epoch(self) -> int:
@@ -418,17 +360,14 @@ class SiftingDataloader:
         ``generator=torch.Generator().manual_seed(...)``, with a seeded ``DistributedSampler``
         (call :meth:`set_epoch` as usual), or does not shuffle.
         """
-        gen = self._generator
         pos = to_state(self._pos)
         if not self._pos.in_epoch:  # between epochs: the generators as they are now
             pos["loader_generator_states"] = get_loader_generator_states(self.orig_dataloader)
         return {
             "version": _STATE_VERSION,
             "sift_config": _config_repr(self.sift_config),
-            "seed": self._seed,
-            "generator": None
-            if gen is None
-            else {"device": gen.device.type, "state": gen.get_state()},
+            "seed": self._gen.seed,
+            "generator": self._gen.state_dict(),
             "history": self._history.state_dict(),
             "stats": self.stats.as_dict(),
             **pos,
@@ -436,8 +375,7 @@ class SiftingDataloader:
             if self._pending_buffer is None
             else self._pending_buffer,
             # fixed-length loops (len() was read): their length and the stream's position
-            "epoch_length": self._epoch_length,
-            "stream": None if self._stream is None else self._stream.state_dict(),
+            **self._epochs.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -463,10 +401,7 @@ class SiftingDataloader:
                 f"{_config_repr(self.sift_config)}",
                 stacklevel=2,
             )
-        self._seed = state["seed"]
-        self._pending_generator_state = state["generator"]
-        if self._generator is not None:
-            self._apply_generator_state(self._generator.device)
+        self._gen.load(state["seed"], state["generator"])
         self._history.load_state_dict(state["history"], self._history.device)
         self.stats = SiftingStats()
         self.stats.load_dict(state["stats"])
@@ -474,17 +409,9 @@ class SiftingDataloader:
         self._buffer = KeptBuffer()
         # re-created from the replayed batches on the next iteration (see _continue_epoch)
         self._pending_buffer = state["buffer"] if state["buffer"]["count"] else None
-        if self._epoch_length is None:  # else keep the length the trainer already planned by
-            self._epoch_length = state.get("epoch_length")
         self._resume = True
-        self._token += 1
         self._pass_token += 1
-        stream = state.get("stream")
-        if stream is not None:
-            self._stream = PassStream(self._start_pass)
-            self._stream.load_state_dict(stream, self._iter_pass)
-        elif self._stream is not None:
-            self._stream = None
+        self._epochs.load_state_dict(state)
         if self._pos.sampler_epoch is not None:
             self.set_epoch(self._pos.sampler_epoch)
         if (
@@ -517,16 +444,13 @@ class SiftingDataloader:
                 "hold no data). Materialize it first: model.to_empty(device='cpu' or 'cuda'), "
                 "then load or initialize its weights; or pass device=<the scoring device>"
             )
-        self._looping, self._unstarted, self._len_provisional = True, False, None
+        self._epochs.pass_begins()
         it = self._begin_epoch(device)
         stats, stage = self.stats, self.stats.stage_seconds
         mark = time.perf_counter()
         while True:
             if token != self._pass_token:
-                raise RuntimeError(
-                    "this SiftingDataloader iterator is stale: the loader was iterated again or "
-                    "restored with load_state_dict since it was created; start a new `for` loop"
-                )
+                raise RuntimeError(_STALE)
             t0 = time.perf_counter()
             stats.wall_seconds += t0 - mark
             mark = t0
@@ -556,7 +480,7 @@ class SiftingDataloader:
                 yield self._emit(self._pos.out_batch_size, stage)  # type: ignore[arg-type]
         stats.wall_seconds += time.perf_counter() - mark
         yield from self._finish_epoch(stage)
-        self._looping = False
+        self._epochs.pass_ends()
 
     def _begin_epoch(self, device: torch.device) -> Iterator[Any]:
         orig = self.orig_dataloader
@@ -669,7 +593,7 @@ class SiftingDataloader:
         t2 = time.perf_counter()
         stage["calculate_relevance_values"] += t2 - t1
 
-        gen = self._generator_for(losses.device)
+        gen = self._gen.on(losses.device)
         sel = self._policy(losses, self._history.values(), gen)
         self._history.add(losses)
         keep = sel.keep
@@ -712,7 +636,7 @@ class SiftingDataloader:
                     stacklevel=3,
                 )
         if self.log_batch_data:
-            self._log_batch(losses, keep)
+            log_batch(self.stats.num_batches_in, losses, keep)
 
     def _score(self, transformed: Any, original: Any, n: int) -> Tensor:
         modules = self._modules
@@ -780,103 +704,15 @@ class SiftingDataloader:
 
     # ------------------------------------------------------------------ helpers
 
-    def _generator_for(self, device: torch.device) -> torch.Generator:
-        gen = self._generator
-        if gen is None:
-            gen = self._generator = torch.Generator(device=device)
-            gen.manual_seed(self._seed)
-            self._apply_generator_state(device)
-        elif gen.device.type != device.type:
-            raise ValueError(
-                f"the sifting generator is on {gen.device} but losses are on {device}; pass "
-                f"generator=torch.Generator(device='{device.type}') or a seed instead"
-            )
-        return gen
-
-    def _apply_generator_state(self, device: torch.device) -> None:
-        saved = self._pending_generator_state
-        if saved is None or self._generator is None:
-            return
-        self._pending_generator_state = None
-        if saved["device"] == device.type:
-            self._generator.set_state(saved["state"])
-        else:
-            warnings.warn(
-                f"the checkpoint's sifting generator ran on {saved['device']}, this run scores on "
-                f"{device.type}: the generator is re-seeded, so kept samples will differ from an "
-                "uninterrupted run",
-                stacklevel=4,
-            )
-
     def _maybe_log(self, force: bool = False) -> None:
-        """A progress line: for the first sifted batch, every ``log_interval`` yielded batches
-        and (``force``) at the end of a data pass."""
-        every = self.log_interval
-        s = self.stats
-        if not every:
-            return
-        first = not self._logged_sifted and s.num_batches_scored > 0
-        if s.num_batches_out == self._last_logged_out or not (
-            force or first or s.num_batches_out % every == 0
-        ):
-            return
-        log = _log_target()
-        if not log.isEnabledFor(logging.INFO):
-            return
-        self._logged_sifted = self._logged_sifted or s.num_batches_scored > 0
-        self._last_logged_out = s.num_batches_out
-        last_scored, last_stage = self._last_log
-        scored = s.num_batches_scored - last_scored
-        lat = {k: 1e3 * (v - last_stage[k]) / max(scored, 1) for k, v in s.stage_seconds.items()}
-        self._last_log = (s.num_batches_scored, dict(s.stage_seconds))
-        rate = s.keep_rate
-        # SageMaker's `key: value` form, so its metric regexes (`num_orig_samples_seen: (\S+)`,
-        # `Batch size for next sifted batch: (\S+)` ...) read these lines; no value is followed
-        # by punctuation
-        log.info(
-            "sifting step %d (epoch %d): num_orig_samples_seen: %d num_orig_samples_kept: %d "
-            "num_orig_samples_scored: %d keep_rate: %s Batch size for next sifted batch: %d "
-            "buffered: %d | latency ms/batch over %d scored batches: %s",
-            s.num_batches_out,
+        self._progress.line(
+            self.log_interval,
+            self.stats,
             self._pos.epoch,
-            s.num_orig_samples_seen,
-            s.num_orig_samples_kept,
-            s.num_orig_samples_scored,
-            "n/a" if rate is None else f"{rate:.4f}",
             self._pos.out_batch_size or 0,
             self._buffer.count,
-            scored,
-            " ".join(f"{k}: {v:.3f}" for k, v in lat.items()),
+            force,
         )
-
-    def _log_batch(self, losses: Tensor, keep: Tensor) -> None:
-        log = _log_target()
-        if not log.isEnabledFor(logging.INFO):
-            return
-        values = losses.detach().float().cpu()  # host copy: log_batch_data is for pilot runs
-        mask = keep.cpu()
-        # SageMaker's metric definitions scrape relevance_values and relevance_values_kept (the
-        # kept samples' values); kept is hasten's 0/1 mask, one entry per sample
-        log.info(
-            "sifting batch %d: relevance_values: %s relevance_values_kept: %s kept: %s",
-            self.stats.num_batches_in,
-            [round(v, 4) for v in values.tolist()],
-            [round(v, 4) for v in values[mask].tolist()],
-            [int(k) for k in mask.tolist()],
-        )
-
-
-def _log_target() -> logging.Logger:
-    """The logger for progress lines: ``hasten.sifting``, or :data:`SAGEMAKER_LOGGER` when that
-    one (or a parent of it beneath ``hasten.smart_sifting``) was configured, with a level, a
-    handler or ``propagate=False``, as a client written for SageMaker does. One record either
-    way, so a root handler never prints a line twice."""
-    lg: Any = _sagemaker_logger
-    while isinstance(lg, logging.Logger) and lg.name.startswith("hasten.smart_sifting"):
-        if lg.level != logging.NOTSET or lg.handlers or lg.disabled or not lg.propagate:
-            return _sagemaker_logger
-        lg = lg.parent
-    return logger
 
 
 def _sized(loader: Any) -> int | None:
@@ -927,6 +763,49 @@ def _check_loss(loss_impl: Any) -> SupportsLoss:
             f"callable fn(model, batch); got {type(loss_impl).__name__}"
         )
     return loss
+
+
+def _check_arguments(
+    batch_transforms: Any,
+    batch_format_index: Any,
+    pad_values: Any,
+    seed: Any,
+    generator: Any,
+    batch_size: Any,
+    log_interval: Any,
+) -> None:
+    """The constructor's argument checks (the model's and the loss's are above)."""
+    if batch_transforms is not None and not (
+        callable(getattr(batch_transforms, "transform", None))
+        and callable(getattr(batch_transforms, "reverse_transform", None))
+    ):
+        raise TypeError(
+            f"batch_transforms must be a SiftingBatchTransform (with transform() and "
+            f"reverse_transform()), got {type(batch_transforms).__name__}"
+        )
+    if batch_format_index is not None and (
+        isinstance(batch_format_index, bool)
+        or not isinstance(batch_format_index, int)
+        or batch_format_index < 0
+    ):
+        raise ValueError(
+            f"batch_format_index must be a dimension index >= 0 (0: samples along the "
+            f"first dimension, 1: along the second) or None, got {batch_format_index!r}"
+        )
+    if batch_transforms is not None and pad_values is not None:
+        raise ValueError(
+            "pad_values applies to the built-in batch codec; with batch_transforms, pad in "
+            "your SiftingBatch's concat() instead"
+        )
+    if seed is not None and generator is not None:
+        raise ValueError("pass either seed or generator, not both")
+    for name, value in (("batch_size", batch_size), ("log_interval", log_interval)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+    if batch_size == 0:
+        raise ValueError("batch_size must be >= 1")
 
 
 def _config_repr(config: Any) -> Any:

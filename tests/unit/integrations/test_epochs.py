@@ -236,3 +236,52 @@ def test_fit_headroom_is_a_few_deviations_capped_at_its_share():
     assert length_rule.fit_headroom(small, 0.5, **kw) == 1
     assert length_rule.fit_headroom(shape, 1.0, **kw) == 0  # keeps everything: no variation
     assert expected == 1000
+
+
+def test_adapters_cut_epochs_through_the_epoch_module_not_the_loaders_internals():
+    # SiftedEpochs reads the loader only through its PassSource (loader.passes), and Keras' planner
+    # the sampler only through hasten.sifting.core.epochs.pruned_pass
+    import ast
+    from pathlib import Path
+
+    import hasten
+
+    root = Path(hasten.__file__).parent
+    for path, names in (
+        (root / "integrations" / "epochs.py", {"loader"}),
+        (root / "keras" / "_plan.py", {"sampler"}),
+    ):
+        tree = ast.parse(path.read_text())
+        private = {
+            ast.unparse(n)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute)
+            and n.attr.startswith("_")
+            and not n.attr.startswith("__")
+            and isinstance(n.value, (ast.Name, ast.Attribute))
+            and ast.unparse(n.value).split(".")[-1] in names
+        }
+        assert not private, (path.name, private)
+
+
+def test_the_length_plan_is_the_length_rule():
+    sifted = _sifted(n=96, bs=8, beta=1.0, delay=4)
+    plan = sifted.passes.length_plan()
+    assert plan.batches(2, delay_done=0) == expected_batches(sifted, 2) == 14
+    shape = plan.shape
+    kw = {"sift_delay": 4, "repeat_delay_per_epoch": False, "passes": 3}
+    planned = length_rule.expected_batches(shape, 0.5, **kw) + length_rule.fit_headroom(
+        shape, 0.5, **kw
+    )
+    assert plan.epoch_length(3, finish_passes=True) == -(-planned // 3)
+    assert len(SiftedEpochs(sifted, passes=3, finish_passes=True)) == -(-planned // 3)
+
+
+def test_pruned_passes_trim_to_whole_steps():
+    from hasten.sifting.core.epochs import whole_steps
+
+    assert whole_steps(10, 4, 0) == 8
+    assert whole_steps(10, 4, 0, keep=True) == 10
+    assert whole_steps(12, 4, 0) == 12 and whole_steps(7, 1, 0) == 7
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=4"):
+        whole_steps(3, 4, 2)

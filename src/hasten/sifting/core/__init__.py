@@ -6,6 +6,8 @@
 - :mod:`~hasten.sifting.core.dist`: "is torch.distributed active, which rank", and the
   collectives sifting needs;
 - :mod:`~hasten.sifting.core.length`: the length rule (batches a data pass yields at a keep rate);
+- :mod:`~hasten.sifting.core.epochs`: how data passes become a trainer's epochs (pass streams,
+  fixed-length epochs, the length plan, the pruned pass), for the loader and every adapter;
 - :mod:`~hasten.sifting.core.forward`: the scoring forward (eval mode, restored) and the
   per-sample loss check;
 - :mod:`~hasten.sifting.core.state`: state dicts derived from dataclasses.
