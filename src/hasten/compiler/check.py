@@ -51,7 +51,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils import _pytree as pytree
+
+from hasten.compiler.hooks import nn as pytree  # torch's pytree (tree_leaves, tree_flatten, ...)
+from hasten.compiler.hooks import usable
+from hasten.compiler.hooks.inductor import LAYOUT_OPTIMIZATION, PATTERN_MATCHER
 
 __all__ = [
     "TOLERANCES",
@@ -392,20 +395,32 @@ def safer_settings(config: Any) -> list[tuple[str, Any]]:
             ("hasten's graph passes off", config.replace(passes=dict.fromkeys(enabled, False)))
         )
     opts = dict(config.inductor_options)
-    if opts.get("layout_optimization", True):
+    # only the Inductor switches this torch has (a retry must not fail on a key it dropped)
+    offs = [
+        key
+        for key, hook in (
+            (LAYOUT_OPTIMIZATION, "inductor.layout_optimization"),
+            (PATTERN_MATCHER, "inductor.pattern_matcher"),
+        )
+        if usable(hook)
+    ]
+    if LAYOUT_OPTIMIZATION in offs and opts.get(LAYOUT_OPTIMIZATION, True):
         rungs.append(
             (
-                "Inductor layout_optimization=False",
-                config.replace(inductor_options={**opts, "layout_optimization": False}),
+                f"Inductor {LAYOUT_OPTIMIZATION}=False",
+                config.replace(inductor_options={**opts, LAYOUT_OPTIMIZATION: False}),
             )
         )
     # a rung that fixes a bug known on this torch goes first: each rung costs a compile
     rungs.sort(key=lambda rung: known_cause(rung[0]) is None)
-    safest = {**opts, "layout_optimization": False, "pattern_matcher": False}
+    safest = {**opts, **dict.fromkeys(offs, False)}
     if enabled or opts != safest:
+        what = ["hasten's passes off"]
+        if offs:
+            what.append("Inductor " + ", ".join(f"{k}=False" for k in offs))
         rungs.append(
             (
-                "hasten's passes off, Inductor layout_optimization=False, pattern_matcher=False",
+                ", ".join(what),
                 config.replace(passes=dict.fromkeys(enabled, False), inductor_options=safest),
             )
         )

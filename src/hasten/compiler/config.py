@@ -288,6 +288,8 @@ class CompileConfig:
                 "use precision='bf16' on CPU, or move the model to CUDA first"
             )
         if self.precision == "bf16":
+            from hasten.compiler.hooks.aten import native_bf16_cpu
+
             if device.type == "cuda" and not torch.cuda.is_bf16_supported():
                 raise ValueError(
                     "precision='bf16' is not supported by this GPU; use precision='fp16' "
@@ -295,7 +297,7 @@ class CompileConfig:
                 )
             if device.type == "cpu" and not torch.backends.mkldnn.is_available():
                 raise ValueError("precision='bf16' on CPU needs oneDNN; use precision='fp32'")
-            if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            if device.type == "cpu" and native_bf16_cpu() is False:
                 raise ValueError(
                     "precision='bf16' needs a CPU with native bfloat16 (AVX512-BF16 or AMX); "
                     "this one would emulate it, slower than fp32; use precision='fp32'"

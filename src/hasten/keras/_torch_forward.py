@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
+
+from hasten.compiler.hooks import nn as pytree  # torch's pytree (tree_flatten, tree_unflatten)
 
 __all__ = ["KerasForward", "install", "uninstall"]
 

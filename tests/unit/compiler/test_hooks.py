@@ -194,6 +194,65 @@ def test_fake_tensors_are_told_apart_with_the_hook_and_conservatively_without(
     assert not any(is_fake_tensor(t) for t in (real, param, 1.0))
 
 
+def test_aten_hooks_answer_alike_without_their_private_names(monkeypatch, fresh_probes):
+    from hasten.compiler.hooks import aten
+
+    scores = torch.tensor([[0.5, -1.0, 2.0], [float("-inf")] * 3])
+    assert hooks.usable("aten.safe_softmax")
+    want = aten.safe_softmax(scores, -1)
+    assert torch.equal(want[1], torch.zeros(3))  # a fully masked row: 0, not NaN
+    _force_missing(monkeypatch, "aten.safe_softmax", "gone")
+    torch.testing.assert_close(aten.safe_softmax(scores, -1), want, rtol=0, atol=0)  # fp32
+    assert isinstance(aten.native_bf16_cpu(), bool)
+    _force_missing(monkeypatch, "aten.mkldnn_bf16", "gone")
+    assert aten.native_bf16_cpu() is None  # unknown: precision="bf16" is not refused for it
+    if torch.backends.mkldnn.is_available():
+        CompileConfig(precision="bf16").check_device(torch.device("cpu"))
+
+
+def test_the_first_call_checks_retries_use_only_the_inductor_switches_this_torch_has(
+    monkeypatch, fresh_probes
+):
+    from hasten.compiler.check import safer_settings
+
+    cfg = CompileConfig()
+    rungs = dict(safer_settings(cfg))
+    assert "Inductor layout_optimization=False" in rungs
+    assert rungs[
+        "hasten's passes off, Inductor layout_optimization=False, pattern_matcher=False"
+    ].inductor_options == {"layout_optimization": False, "pattern_matcher": False}
+    _force_missing(monkeypatch, "inductor.layout_optimization", "renamed")
+    rungs = dict(safer_settings(cfg))
+    assert list(rungs) == [
+        "hasten's graph passes off",
+        "hasten's passes off, Inductor pattern_matcher=False",
+    ]
+    assert rungs["hasten's passes off, Inductor pattern_matcher=False"].inductor_options == {
+        "pattern_matcher": False
+    }
+
+
+def test_the_fused_loss_pass_is_skipped_where_autocast_cannot_be_found(monkeypatch, fresh_probes):
+    from hasten.compiler.passes import linear_ce
+
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 8)
+
+        def forward(self, x, y):
+            return torch.nn.functional.cross_entropy(self.lin(x), y)
+
+    looked = []
+    monkeypatch.setattr(linear_ce, "_match", lambda ce: looked.append(ce) and None)
+    gm = torch.fx.symbolic_trace(Head())
+    assert linear_ce.fused_linear_cross_entropy(gm, []) is gm
+    assert len(looked) == 1  # with the hook, the pass looks at the loss
+    _force_missing(monkeypatch, "nn.autocast_target", "moved")
+    assert linear_ce.fused_linear_cross_entropy(gm, []) is gm
+    assert len(looked) == 1  # without it, the pass leaves the graph alone, as under autocast
+
+
 def _docstring_lines(source: str) -> set[int]:
     import ast
 
@@ -214,8 +273,11 @@ def test_no_private_torch_api_outside_the_boundary():
     import hasten
 
     root = pathlib.Path(hasten.__file__).parent
+    # a private name anywhere under torch (torch._dynamo, torch.ops.aten._op, torch.amp.x._f),
+    # imported from it (from torch.utils import _pytree), or nn.Module's private call slots
     pattern = re.compile(
-        r"torch\._(?!_version__)[A-Za-z]|torch\.utils\._|\._call_impl\b|_compiled_call_impl"
+        r"torch(\.[A-Za-z]\w*)*\._[A-Za-z]|from torch(\.\w+)* import \(?\s*_[A-Za-z]"
+        r"|\._call_impl\b|_compiled_call_impl"
     )
     allowed = {
         # checks whether torch._dynamo is imported yet, without importing it: importing it
@@ -225,6 +287,9 @@ def test_no_private_torch_api_outside_the_boundary():
         "compiler/report.py": ["torch._dynamo.config.capture_scalar_outputs=True"],
         # an error message naming the user's own switch that disabled Dynamo (text, not a use)
         "compiler/runtime.py": ["or torch._dynamo.config.disable)"],
+        # torch's pytree for a batch's structure, in the sifting package, whose owner can take it
+        # from hooks.nn as the compiler and Keras do (stable across the tested range)
+        "sifting/batch.py": ["from torch.utils import _pytree as pytree"],
     }
     found = []
     for path in sorted(root.rglob("*.py")):

@@ -23,7 +23,8 @@ Modules: :mod:`.dynamo` (TorchDynamo: frames, counters, limits), :mod:`.inductor
 config, ``compile_fx``, its cache directory), :mod:`.kernels` (CPU kernels built a few to a
 library), :mod:`.vec_isa` (Inductor's CPU ISA probe, once per cache directory), :mod:`.split`
 (compiling a split graph part by part), :mod:`.optim` (the fused-optimizer kernels), :mod:`.nn`
-(``nn.Module``'s private call slots).
+(``nn.Module``'s private call slots, graph targets, torch's pytree), :mod:`.aten` (private ATen
+ops, the oneDNN bf16 query).
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ def table() -> str:
 def _load_all() -> None:
     # Importing a module registers its hooks; none of them imports torch's internals at import.
     from hasten.compiler.hooks import (  # noqa: F401
+        aten,
         dynamo,
         inductor,
         kernels,

@@ -20,6 +20,8 @@ from hasten.compiler.hooks import register, require, usable
 __all__ = [
     "CACHEABLE_FUNCTIONS",
     "FALLBACK_RANDOM",
+    "LAYOUT_OPTIMIZATION",
+    "PATTERN_MATCHER",
     "POST_GRAD_PASS",
     "VEC_ISA_OK",
     "cache_dir",
@@ -42,6 +44,10 @@ CACHEABLE_FUNCTIONS = "unsafe_marked_cacheable_functions"
 """hasten's own functions let into AOTAutograd's cache (keyed by their file's hash)."""
 VEC_ISA_OK = "cpp.vec_isa_ok"
 """Inductor takes the CPU's ISA as checked (see :mod:`hasten.compiler.hooks.vec_isa`)."""
+LAYOUT_OPTIMIZATION = "layout_optimization"
+"""Inductor's layout choice (channels-last convolutions); off in the first-call check's retries."""
+PATTERN_MATCHER = "pattern_matcher"
+"""Inductor's pattern rewrites; off in the first-call check's safest retry."""
 
 # hasten's own keys, each an optional hook: the name of its probe
 _KEY_HOOKS = {
@@ -72,6 +78,12 @@ register("inductor.fallback_random", "ATen's RNG for dropout on CPU (eager's mas
 )
 register("inductor.cacheable_functions", "AOTAutograd's cache hit for graphs with hasten's ops")(
     _key_probe(CACHEABLE_FUNCTIONS)
+)
+register("inductor.layout_optimization", "the first-call check's retry without Inductor's layouts")(
+    _key_probe(LAYOUT_OPTIMIZATION)
+)
+register("inductor.pattern_matcher", "the first-call check's retry without Inductor's patterns")(
+    _key_probe(PATTERN_MATCHER)
 )
 
 

@@ -17,20 +17,31 @@ import torch.nn.functional as F
 from torch import nn
 
 # torch's pytree (the one Dynamo traces through); private in the oldest supported torch
-from torch.utils._pytree import tree_leaves, tree_map, tree_map_only
+from torch.utils._pytree import (
+    TreeSpec,
+    tree_flatten,
+    tree_leaves,
+    tree_map,
+    tree_map_only,
+    tree_unflatten,
+)
 
 from hasten.compiler.hooks import register
 
 __all__ = [
+    "AUTOCAST_TARGETS",
     "LINEAR_TARGETS",
+    "TreeSpec",
     "call_impl",
     "compiled_call",
     "installed_call",
     "own_call",
     "set_compiled_call",
+    "tree_flatten",
     "tree_leaves",
     "tree_map",
     "tree_map_only",
+    "tree_unflatten",
     "unwrap_compiled",
 ]
 
@@ -90,3 +101,17 @@ def unwrap_compiled(obj: object) -> nn.Module | None:
 LINEAR_TARGETS: tuple[Any, ...] = tuple(
     t for t in (F.linear, getattr(getattr(torch._C, "_nn", None), "linear", None)) if t is not None
 )
+
+
+# What a Dynamo graph calls where the traced code entered ``torch.autocast`` (a private function
+# of torch.amp); empty when this torch has moved it, and then the probe says no.
+AUTOCAST_TARGETS: tuple[Any, ...] = tuple(
+    t
+    for t in (getattr(getattr(torch.amp, "autocast_mode", None), "_enter_autocast", None),)
+    if t is not None
+)
+
+
+@register("nn.autocast_target", "autocast regions found in captured graphs (a pass skips them)")
+def _probe_autocast() -> str | None:
+    return None if AUTOCAST_TARGETS else "no torch.amp.autocast_mode._enter_autocast"

@@ -33,6 +33,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from hasten.compiler.hooks.aten import safe_softmax
 from hasten.compiler.passes._fx import arg, example_value, is_call
 from hasten.compiler.passes.registry import record, register_pass
 
@@ -73,7 +74,7 @@ def cheap_dropout_attention(
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         else:
             scores = scores + attn_mask
-    probs = torch.ops.aten._safe_softmax.default(scores, -1)  # fully masked rows: 0, not NaN
+    probs = safe_softmax(scores, -1)  # fully masked rows: 0, not NaN
     return cheap_dropout(probs, dropout_p) @ v
 
 

@@ -41,7 +41,8 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from hasten.compiler.hooks.nn import LINEAR_TARGETS
+from hasten.compiler.hooks import usable
+from hasten.compiler.hooks.nn import AUTOCAST_TARGETS, LINEAR_TARGETS
 from hasten.compiler.passes._fx import arg, example_value, is_call
 from hasten.compiler.passes.registry import record, register_pass
 
@@ -165,9 +166,9 @@ def fused_linear_cross_entropy(
 ) -> torch.fx.GraphModule:
     """LM head + cross-entropy computed in row chunks when the logits feed only the loss."""
     graph = gm.graph
-    if any(
-        is_call(n, (torch.amp.autocast_mode._enter_autocast,)) for n in graph.nodes
-    ):  # the chunks would run in the weights' dtype, not autocast's
+    # the chunks would run in the weights' dtype, not autocast's; a torch whose autocast entry
+    # hasten cannot find in a graph: the pass is skipped, as under autocast
+    if not usable("nn.autocast_target") or any(is_call(n, AUTOCAST_TARGETS) for n in graph.nodes):
         return gm
     for ce in list(graph.find_nodes(op="call_function", target=F.cross_entropy)):
         found = _match(ce)

@@ -1,0 +1,49 @@
+"""ATen's and oneDNN's private entry points hasten calls: an op by its private name, a CPU query.
+
+* ``aten._safe_softmax``: softmax whose fully masked rows come out 0, not NaN (what
+  ``scaled_dot_product_attention``'s math path computes); the cheap-dropout pass writes that path
+  out. Without it, a softmax whose NaN rows are zeroed, the same values.
+* ``mkldnn._is_mkldnn_bf16_supported``: whether the CPU runs bfloat16 natively (AVX512-BF16 or
+  AMX), which ``precision="bf16"`` needs to be worth it. Without it the answer is unknown
+  (``None``) and hasten does not refuse bf16.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hasten.compiler.hooks import register
+
+__all__ = ["native_bf16_cpu", "safe_softmax"]
+
+
+@register("aten.safe_softmax", "softmax with fully masked rows 0 (cheap dropout's attention)")
+def _probe_safe_softmax() -> str | None:
+    return None if hasattr(torch.ops.aten, "_safe_softmax") else "no aten._safe_softmax"
+
+
+def safe_softmax(scores: torch.Tensor, dim: int) -> torch.Tensor:
+    """Softmax of ``scores`` over ``dim`` whose rows of all ``-inf`` are 0 (not NaN)."""
+    from hasten.compiler.hooks import usable
+
+    if usable("aten.safe_softmax"):
+        return torch.ops.aten._safe_softmax.default(scores, dim)
+    return torch.softmax(scores, dim).nan_to_num(0.0)
+
+
+@register("aten.mkldnn_bf16", "whether this CPU has native bfloat16 (for precision='bf16')")
+def _probe_bf16() -> str | None:
+    ok = callable(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None))
+    return None if ok else "no mkldnn._is_mkldnn_bf16_supported"
+
+
+def native_bf16_cpu() -> bool | None:
+    """Whether this CPU computes bfloat16 natively (``None``: this torch cannot say)."""
+    from hasten.compiler.hooks import usable
+
+    if not usable("aten.mkldnn_bf16"):
+        return None
+    answer: Any = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return bool(answer)
