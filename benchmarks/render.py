@@ -91,17 +91,27 @@ def render_block(name: str) -> str:
 
 
 def _whole_run(data: dict) -> str:
-    """Time to step N, compile included, per candidate and cache state; eager's ratio beside."""
+    """Time to step N, compile included, per candidate and cache state.
+
+    Each cell: seconds, then the ratio eager / candidate; hasten's rows also carry
+    torch.compile (default settings) / hasten, the issue's two targets side by side. The
+    steady column is the median of the last measured steps with their 20th-80th percentiles
+    (the spread inside one run: one round per candidate).
+    """
     import itertools
     import statistics
 
     ns = [str(n) for n in data["ns"]]
     runs = [r for r in data["runs"] if "time_to" in r]
-    eager = {r["cache"]: r["time_to"] for r in runs if r["candidate"] == "eager"}
+    ref_of = {
+        (r["candidate"], r["cache"]): r["time_to"]
+        for r in runs
+        if r["candidate"] in ("eager", "torch.compile")
+    }
     rows = []
     for cache in ("cold", "warm"):
         by: dict[str, dict[str, tuple[float, bool]]] = {}
-        steady: dict[str, float] = {}
+        steady: dict[str, list[float]] = {}
         for r in runs:
             if r["cache"] != cache:
                 continue
@@ -113,7 +123,7 @@ def _whole_run(data: dict) -> str:
             cum = r["cum_s"]
             if len(cum) > data["tail"]:
                 tail = [b - a for a, b in itertools.pairwise(cum)][-data["tail"] :]
-                steady[name] = statistics.median(tail)  # steps=N: the longest run's
+                steady[name] = tail  # steps=N: the longest run's
         for name, figs in by.items():
             cells = []
             for n in ns:
@@ -121,17 +131,28 @@ def _whole_run(data: dict) -> str:
                     cells.append("—")
                     continue
                 t, extra = figs[n]
-                ref = eager.get(cache, {}).get(n)
-                ratio = f" ({ref['s'] / t:.2f}×)" if ref else ""
-                cells.append(f"{t:.1f}{'*' if extra else ''}{ratio}")
-            step = steady.get(name)
-            rows.append([cache, name, *cells, f"{1e3 * step:.0f}" if step else "—"])
-    headers = ["cache", "candidate", *[f"to step {n} s (× eager)" for n in ns], "steady ms"]
+                ratios = []
+                for peer in ("eager", "torch.compile") if name.startswith("hasten") else ("eager",):
+                    ref = ref_of.get((peer, cache), {}).get(n)
+                    if ref:
+                        ratios.append(f"{ref['s'] / t:.2f}×")
+                cells.append(f"{t:.1f}{'*' if extra else ''} ({', '.join(ratios)})")
+            tail = steady.get(name)
+            if tail:
+                q = statistics.quantiles(tail, n=10) if len(tail) > 1 else [tail[0]] * 9
+                cells.append(
+                    f"{1e3 * statistics.median(tail):.0f} [{1e3 * q[1]:.0f}, {1e3 * q[7]:.0f}]"
+                )
+            else:
+                cells.append("—")
+            rows.append([cache, name, *cells])
+    headers = ["cache", "candidate", *[f"to step {n} s" for n in ns], "steady ms [p20, p80]"]
     shape = f"batch {data.get('batch') or 'default'}, seq {data.get('seq') or 'default'}"
     head = (
-        f"**{data['model']} {data['size']}** ({shape}); each run a new process; measured up to "
-        f"step {data['measure']}, `*` extrapolated from the median of the last {data['tail']} "
-        "measured steps; steady = that median (runs with enough steps).\n"
+        f"**{data['model']} {data['size']}** ({shape}); each run a new process, candidates "
+        f"interleaved; measured up to step {data['measure']}, `*` extrapolated from the median "
+        f"of the last {data['tail']} measured steps. In brackets: eager's time / the "
+        "candidate's (and, for hasten, torch.compile's / hasten's); >1 means faster.\n"
     )
     return head + "\n" + format_table(headers, rows, markdown=True)
 

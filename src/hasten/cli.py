@@ -445,8 +445,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
     if any("compile" in run for run in args.runs):
         print(
-            "hasten.compile runs as in your script: it times two eager steps, compiles only if "
-            "the run's remaining steps pay the compile back (on a CPU, C++ kernels: tens of "
+            "hasten.compile runs as in your script: it times the first eager steps, compiles "
+            "only if the run's remaining steps pay the compile back (on a CPU, C++ kernels: tens of "
             "seconds in a new cache, a few once cached), and the table shows compile seconds "
             "apart and the total you wait for."
         )
