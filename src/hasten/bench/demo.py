@@ -19,7 +19,7 @@ evaluated on the test set a few times per epoch (the clock is paused while it is
 the target accuracy is reached. The four runs are interleaved, one evaluation interval at a time,
 so a change in machine load hits them alike. A compiled run runs as the user's script would:
 no warm-up, the compile plan (told the run's length, as a trainer integration tells it) decides
-at its third step whether compiling pays, and the seconds hasten reports as compiling are shown
+after timing its first eager steps whether compiling pays, and the seconds hasten reports as compiling are shown
 apart from the training seconds; "incl. compile" is their sum, the figure a user waits for.
 
 The demo's data and plot come from the ``bench`` extra (``pip install 'hasten[bench]'``):

@@ -64,7 +64,7 @@ Compiling: ``Trainer(callbacks=[Compile()])`` compiles the ``LightningModule`` i
 ``hasten.compile`` when the fit starts, telling the compile plan (``regions="auto"``) the fit's
 length, :func:`fit_training_calls`: ``estimated_stepping_batches`` optimizer steps of
 ``accumulate_grad_batches`` training calls each, so a short fit stays eager and a long one
-compiles from its third call. ``hasten.compile(lightning_module)`` before ``trainer.fit`` compiles
+compiles once its first eager steps are timed. ``hasten.compile(lightning_module)`` before ``trainer.fit`` compiles
 the same way, the plan learning the length as the fit goes (``steps=`` tells it). Either way the
 Trainer and the sifting scorer both run the compiled module.
 """
