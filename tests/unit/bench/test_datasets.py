@@ -55,3 +55,36 @@ def test_tokenize_vocab_and_encode():
     assert vocab == ("<pad>", "<unk>", "a", "b")  # c seen once: dropped; a before b (count)
     ids = encode([["a", "c", "b"], []], vocab, max_tokens=2)
     assert ids.tolist() == [[2, 1], [0, 0]]
+
+
+def test_mnist1d_classes_keeps_those_classes_relabelled():
+    full = load_dataset("mnist1d", num_samples=500)
+    d = load_dataset("mnist1d_classes", num_samples=500, seed=42, classes=(5, 6, 7, 8, 9))
+    assert d.num_classes == 5 and set(d.y_train.tolist()) <= set(range(5))
+    keep = full.y_train >= 5
+    assert torch.equal(d.x_train, full.x_train[keep])
+    assert torch.equal(d.y_train, full.y_train[keep] - 5)
+
+
+def test_bbc_passages_and_the_pretraining_corpus_share_no_article():
+    from hasten.bench.datasets import bbc_passage_split
+
+    split = bbc_passage_split()
+    d = split.task
+    assert d.num_classes == 5 and d.x_train.shape[1] == 64
+    # the pretraining articles, 40 %, less the near-repeats of fine-tuning or test articles
+    assert 700 < len(split.corpus) < round(2116 * 0.4)
+    assert int(d.x_train.max()) < len(d.vocab) and int(split.corpus.max()) < len(d.vocab)
+    # passages of different articles, and the few that near-repeated articles share are dropped
+    # from the test set: no test passage is also a training passage
+    train_rows = {tuple(r) for r in d.x_train.tolist()}
+    assert not any(tuple(r) in train_rows for r in d.x_test.tolist())
+    # no 64-token stretch of the corpus, at any offset, is a training or a test passage
+    # (a hash of each stretch first: the corpus has ~750k of them; equal hashes then compared)
+    weights = torch.randint(1, 2**31, (64,), generator=torch.Generator().manual_seed(0))
+    stretches = split.corpus.unfold(1, 64, 1).reshape(-1, 64)
+    rows = torch.cat([d.x_train, d.x_test])
+    same = torch.isin(stretches @ weights, rows @ weights)
+    shared = {tuple(r) for r in stretches[same].tolist()} & {tuple(r) for r in rows.tolist()}
+    assert not shared
+    assert load_dataset("bbc_passages") is d  # cached per process

@@ -1,5 +1,6 @@
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -150,11 +151,27 @@ def test_prepare_model_time_is_kept_apart_and_weights_restored():
     assert rec.test_acc == plain.test_acc  # warm-up steps were undone
 
 
+def _tiny_pretraining(task):
+    """The task's pretraining recipe cut to one epoch on little data (the real one takes
+    minutes): what a test of the model build needs is a checkpoint, not a good one."""
+    spec = task.pretrain
+    if spec.objective == "classify":
+        return replace(spec, epochs=1, dataset_kwargs={**spec.dataset_kwargs, "num_samples": 500})
+    return replace(
+        spec, epochs=1, batch_size=4096, targets=200, dataset_kwargs={"corpus_tokens": 64}
+    )
+
+
 @pytest.mark.parametrize("name", TASK_NAMES)
-def test_task_models_build_and_score(name):
+def test_task_models_build_and_score(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("HASTEN_PRETRAINED_DIR", str(tmp_path))
     task = get_task(name)
     if name.startswith("mnist1d"):  # the real tasks generate 10,000-62,500 signals (seconds)
         task = task.with_(dataset_kwargs={"num_samples": 500})
+    if name == "finetune-mnist1d":
+        task = task.with_(dataset_kwargs={**task.dataset_kwargs, "num_samples": 500})
+    if task.pretrain is not None:
+        task = task.with_(pretrain=_tiny_pretraining(task))
     data = task.data()
     model = task.build_model(0, data)
     out = model(data.x_test[:3])
@@ -163,6 +180,34 @@ def test_task_models_build_and_score(name):
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), again.parameters()))
     with pytest.raises(ValueError, match="choose one of"):
         get_task("imagenet")
+
+
+def test_pretrained_checkpoint_is_built_once_then_read_from_its_cache(tmp_path, monkeypatch):
+    from hasten.bench import tasks
+
+    monkeypatch.setenv("HASTEN_PRETRAINED_DIR", str(tmp_path))
+    monkeypatch.setattr(tasks, "_LOADED", {})
+    base = get_task("finetune-mnist1d")
+    spec = _tiny_pretraining(base)
+    built = tasks.pretrained_checkpoint(spec)
+    files = list(tmp_path.glob(f"{spec.name}-{spec.key()}.pt"))
+    assert len(files) == 1 and built["info"]["saved_to"] == str(files[0])
+    monkeypatch.setattr(tasks, "_LOADED", {})  # a new process: read from disk, not rebuilt
+    monkeypatch.setattr(tasks, "_pretrain", lambda s: pytest.fail("rebuilt a cached checkpoint"))
+    read = tasks.pretrained_checkpoint(spec)
+    assert read["info"]["loaded_from"] == str(files[0])
+    assert read["info"]["sha256"] == built["info"]["sha256"]
+    assert all(torch.equal(read["state"][k], built["state"][k]) for k in built["state"])
+    # the fine-tune's body is the checkpoint's; its head is fresh (drawn from the seed)
+    task = base.with_(pretrain=spec, dataset_kwargs={**base.dataset_kwargs, "num_samples": 500})
+    model = task.build_model(0, task.data())
+    for k, v in read["state"].items():
+        assert torch.equal(model.state_dict()[k], v)
+    # another recipe, or another data revision, is another checkpoint
+    key = spec.key()
+    assert replace(spec, epochs=2).key() != key
+    monkeypatch.setattr(tasks, "PRETRAINING_DATA_REVISION", tasks.PRETRAINING_DATA_REVISION + 1)
+    assert spec.key() != key
 
 
 def test_interleaved_runs_match_separate_runs_and_clocks_pause():
