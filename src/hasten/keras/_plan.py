@@ -3,9 +3,10 @@ loop that is not a torch DataLoader (Keras ``fit``). No Keras import here.
 
 The planner *is* a pruning sampler over the dataset's indices, on the CPU, one rank: the same
 law (:func:`hasten.sifting.sampler.select_epoch`), guard, statistics, checkpointable state and
-end-of-run line, written once (the integration core, :mod:`hasten.integrations.core`). This
-class only hands Keras the epoch's order and weights as NumPy arrays and records losses by
-index: for the same seed and losses the plan is the sampler's plan (tested).
+end-of-run line, written once; sampler epoch ``e`` becomes Keras epoch ``e`` as every adapter's
+pruned pass does (:func:`hasten.sifting.core.epochs.pruned_pass`). This class only hands Keras
+the epoch's order and weights as NumPy arrays and records losses by index: for the same seed
+and losses the plan is the sampler's plan (tested).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hasten.sifting.core.epochs import pruned_pass
 from hasten.sifting.sampler import PruningSampler, PruningStats
 
 __all__ = ["EpochPlanner"]
@@ -85,13 +87,10 @@ class EpochPlanner:
         """Plan ``epoch`` from the losses stored so far (a no-op if it is the current one)."""
         if epoch == self.epoch:
             return
-        self.sampler.set_epoch(epoch)
-        iter(self.sampler)  # starts the epoch: feedback by index is taken from here on
-        plan = self.sampler._plan
-        assert plan is not None
+        order, weights = pruned_pass(self.sampler, epoch)  # feedback by index from here on
         self.epoch = epoch
-        self.order = plan.order.numpy().astype("int64")
-        self.weights = None if plan.weights is None else plan.weights.numpy().astype("float32")
+        self.order = order.numpy().astype("int64")
+        self.weights = None if weights is None else weights.numpy().astype("float32")
 
     def record(self, indices: np.ndarray, losses: np.ndarray) -> None:
         """Store ``losses[k]`` as the loss of sample ``indices[k]`` in the current epoch."""
