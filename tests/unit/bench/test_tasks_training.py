@@ -206,7 +206,7 @@ def test_pretrained_checkpoint_is_built_once_then_read_from_its_cache(tmp_path, 
     # another recipe, or another data revision, is another checkpoint
     key = spec.key()
     assert replace(spec, epochs=2).key() != key
-    monkeypatch.setattr(tasks, "PRETRAINING_DATA_REVISION", tasks.PRETRAINING_DATA_REVISION + 1)
+    monkeypatch.setitem(tasks.PRETRAINING_DATA_REVISIONS, spec.dataset, 2)
     assert spec.key() != key
 
 
