@@ -93,6 +93,20 @@ def target_table(records: dict[str, dict]) -> list[str]:
     return lines
 
 
+def _stale_checkpoint(spec: dict, info: dict) -> bool:
+    """Whether the record's checkpoint file is not the one today's recipe (and data revision)
+    makes: its name carries the recipe's key (``<name>-<key>.pt``)."""
+    from hasten.bench.tasks import Pretraining
+
+    file = info.get("saved_to") or info.get("loaded_from") or ""
+    fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in spec.items()}
+    kwargs = {
+        k: (tuple(v) if isinstance(v, list) else v) for k, v in spec["dataset_kwargs"].items()
+    }
+    key = Pretraining(**{**fields, "dataset_kwargs": kwargs}).key()
+    return not Path(file).name.endswith(f"-{key}.pt")
+
+
 def pretrain_table(records: dict[str, dict]) -> list[str]:
     lines = [
         "| task | checkpoint | pretrained on | pretraining reached | full-data fine-tune acc % | "
@@ -112,6 +126,11 @@ def pretrain_table(records: dict[str, dict]) -> list[str]:
         else:
             where = f"{info['source']}, {info['samples']} signals"
             reached = f"test accuracy {100 * info['test_acc']:.1f} %"
+        if _stale_checkpoint(spec, info):
+            where += (
+                " (**an earlier corpus**: these runs predate a data change of the recipe, see "
+                "`hasten.bench.tasks.PRETRAINING_DATA_REVISIONS`; not re-run)"
+            )
         full = _rows(record, task)["full"]
         scratch = [r["test_acc"] for r in record.get("scratch_reference", [])]
         sc = f"{100 * statistics.fmean(scratch):.2f} ({len(scratch)} seeds)" if scratch else "—"
