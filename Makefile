@@ -16,8 +16,8 @@ LINT_PATHS := src tests $(wildcard benchmarks)
 # shares, so only torch (the registry's CUDA build, 5.2 GB with its libraries; it runs on CPU) is
 # downloaded, and the machine's own cap on torch versions is lifted for it alone. Measured here
 # (2-core AMD EPYC, load ~1.5): torch 2.15.0's overlay installed in 97 s (the earlier separate venv,
-# test dependencies included, took ~450 s); its tests took ~18 min on 2 shared cores in an earlier
-# session. CI (.ci/run) runs the newest on every run, its download beside make test.
+# test dependencies included, took ~450 s); its tests (480) took 821 s here under load 5-8
+# (2026-12-02). CI (.ci/run) runs the newest on every run, its download beside make test.
 TORCH_NEWEST ?= newest
 TORCH_FLOOR ?= 2.13.*
 TORCH_TESTS ?= tests/unit/compiler tests/unit/sifting $(wildcard tests/integration/test_compile_*.py)
