@@ -37,6 +37,7 @@ from hasten.compiler.hooks import nn as nn_hooks
 from hasten.compiler.hooks.inductor import VEC_ISA_OK
 from hasten.compiler.hooks.vec_isa import start_vec_isa_probe
 from hasten.compiler.optimizer import watch as watch_optimizers
+from hasten.compiler.plan import applies as plan_applies
 from hasten.compiler.precision import attach_grad_scaler
 from hasten.compiler.regions import install
 from hasten.compiler.report import RECORDS, CompileRecord, CompileReport
@@ -149,8 +150,12 @@ def compile(
         if target is not model:
             attach_grad_scaler(target, device.type)
     install(target, cfg, record, device.type)
-    if device.type == "cpu" and VEC_ISA_OK not in cfg.inductor_options and not _planned(cfg):
-        start_vec_isa_probe(_cache.cache_dir(cfg.cache_dir))  # runs while TorchDynamo traces
+    # The SIMD probe and kernel header build run while TorchDynamo traces. Under the compile
+    # plan they start when it decides to compile (runtime.py) instead: in a new cache they take
+    # a core for seconds, which would slow the eager steps the plan times, and a run that stays
+    # eager never needs them.
+    if device.type == "cpu" and VEC_ISA_OK not in cfg.inductor_options and not plan_applies(cfg):
+        start_vec_isa_probe(_cache.cache_dir(cfg.cache_dir))
     fixes, notes = call_fixes(target, fix=cfg.fix_known_traps)
     record.fixes.extend(notes)
     nn_hooks.compiled_call(target).call_fixes.extend(fixes)  # type: ignore[union-attr]
@@ -174,18 +179,6 @@ def compile_report(model: nn.Module) -> CompileReport:
 
 
 _config = resolve_config
-
-
-def _planned(cfg: CompileConfig) -> bool:
-    """Whether the compile plan decides when to compile (``regions="auto"``, one process).
-
-    Then the SIMD probe and the kernel header build start when the plan decides to compile
-    (runtime.py), not here: in a new cache they take a core for seconds, which would slow the
-    eager steps the plan times, and a run that stays eager never needs them.
-    """
-    from hasten.compiler.plan import distributed_run
-
-    return cfg.regions == "auto" and not distributed_run()
 
 
 _at_once = compile_at_once

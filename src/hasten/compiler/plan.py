@@ -51,7 +51,15 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["PER_MODULE_S", "PRIOR_GAIN", "PRIOR_S", "Plan", "VariantPlan", "distributed_run"]
+__all__ = [
+    "PER_MODULE_S",
+    "PRIOR_GAIN",
+    "PRIOR_S",
+    "Plan",
+    "VariantPlan",
+    "applies",
+    "distributed_run",
+]
 
 # a fit to cold compiles measured on 2 cores (AMD EPYC, 2026-12-02), the first call's check
 # included: the demo's 2-layer transformer (27 modules) 15.5 s, GPT-2 124M (163) 54-62 s,
@@ -66,6 +74,13 @@ _SETTLE_STEPS = 4  # and at least this many where the run allows (steps // 20): 
 _MAX_TIMED = 10  # and at most, while the step times still fall (Plan._timed_enough)
 _HISTORY = "hasten-plan.json"
 _LOCK = threading.Lock()
+
+
+def applies(config: Any) -> bool:
+    """Whether the compile plan decides when ``config``'s model compiles: ``regions="auto"`` in
+    one process (under torch.distributed, ranks timing their own steps could decide differently,
+    so a region compiles at its first call there, as with ``regions="whole"``)."""
+    return config.regions == "auto" and not distributed_run()
 
 
 def distributed_run() -> bool:

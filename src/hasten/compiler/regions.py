@@ -34,6 +34,7 @@ from torch import nn
 
 from hasten.compiler.config import CompileConfig
 from hasten.compiler.hooks import nn as nn_hooks
+from hasten.compiler.plan import applies as plan_applies
 from hasten.compiler.report import CompileRecord
 from hasten.compiler.runtime import CompiledCode, CompiledForward, Kind
 
@@ -60,7 +61,7 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
         # (8): then each block gets code of its own, and Inductor's caches share the kernels.
         own = not fsdp and builds_kv_cache(module)
         if regions == [(module, "call")]:
-            if config.regions == "auto" and not fsdp:
+            if plan_applies(config) and not fsdp:
                 _plan(code, module, config)
             return
         nn_hooks.set_compiled_call(module, None)  # its own call runs eagerly, unless a region
@@ -108,12 +109,10 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
 
 
 def _plan(code: CompiledCode, module: nn.Module, config: CompileConfig) -> None:
-    """Give ``code`` the compile plan of ``regions="auto"`` (not under torch.distributed)."""
+    """Give ``code`` the compile plan of ``regions="auto"`` (see :func:`plan.applies`)."""
     from hasten.compiler import cache
-    from hasten.compiler.plan import Plan, distributed_run, plan_key, prior_seconds
+    from hasten.compiler.plan import Plan, plan_key, prior_seconds
 
-    if distributed_run():
-        return
     code.plan = Plan(
         plan_key(module, config),
         code.label,
