@@ -43,8 +43,9 @@ graph's own kernels count as the self time of its ``CompiledFxGraph`` range; ``-
 compiles ``hasten-bf16`` with ``cpp.enable_kernel_profile``, which names each kernel, and its
 timed steps then include that instrumentation).
 
-Writes ``benchmarks/results/compile-cpu-bf16-noamx.json`` (``--json``) and prints a table; render
-it into BENCHMARKS.md with ``--render``.
+Writes ``benchmarks/results/compile-cpu-bf16-amx.json`` on a CPU with AMX tiles,
+``compile-cpu-bf16-noamx.json`` on one without (``--json`` picks another path) and prints a
+table; ``benchmarks/render.py`` renders it into BENCHMARKS.md (``--render FILE`` prints it).
 """
 
 from __future__ import annotations
@@ -63,7 +64,19 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_JSON = RESULTS / "compile-cpu-bf16-noamx.json"
+
+
+def _default_json() -> Path:
+    """The record's path by this CPU's kind: with AMX tiles or without."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        flags = ""
+    return RESULTS / (
+        "compile-cpu-bf16-amx.json" if "amx_bf16" in flags else "compile-cpu-bf16-noamx.json"
+    )
+
+
 MARK = "@@bf16_step "  # prefix of the child's protocol lines on stdout
 
 CANDIDATES: dict[str, dict[str, Any]] = {
@@ -80,6 +93,7 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 }
 DEFAULT_CANDIDATES = tuple(list(CANDIDATES)[:5])
 PROFILED = "hasten-bf16"
+PEER = "torch.compile+autocast+fused-AdamW"  # what an informed user runs in bf16 without hasten
 
 
 # --------------------------------------------------------------------------- child
@@ -441,19 +455,21 @@ def render(out: dict[str, Any]) -> str:
             f"{p['fp32'] / 1e9:.0f}, bf16 {p['bf16'] / 1e9:.0f} GFLOP/s; bf16 limit "
             f"{limit:.3f} s)",
             "",
-            "| candidate | step s (min-max) | vs eager fp32 | share of bf16 limit | compile s "
-            "| peak RSS GiB | step alloc peak GiB |",
-            "|---|---|---|---|---|---|---|",
+            "| candidate | step s (min-max) | vs eager fp32 | vs the informed peer "
+            "| share of bf16 limit | compile s | peak RSS GiB | step alloc peak GiB |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         base = next((c.get("step_s") for c in r["candidates"] if c["name"] == "eager-fp32"), None)
+        peer = next((c.get("step_s") for c in r["candidates"] if c["name"] == PEER), None)
         for c in r["candidates"]:
             if "step_s" not in c:
-                lines.append(f"| {c['name']} | error: {str(c.get('error'))[:120]} | | | | | |")
+                lines.append(f"| {c['name']} | error: {str(c.get('error'))[:120]} | | | | | | |")
                 continue
             speed = f"{base / c['step_s']:.2f}x" if base else ""
+            vs_peer = f"{peer / c['step_s']:.2f}x" if peer else ""
             lines.append(
                 f"| {c['name']} | {c['step_s']:.3f} ({c['step_min_s']:.3f}-{c['step_max_s']:.3f})"
-                f" | {speed} | {100 * c['share_of_bf16_limit']:.1f} % | {c['compile_s']:.1f} "
+                f" | {speed} | {vs_peer} | {100 * c['share_of_bf16_limit']:.1f} % | {c['compile_s']:.1f} "
                 f"| {c['maxrss_bytes'] / 2**30:.2f} | {c['step_alloc_peak'] / 2**30:.2f} |"
             )
         prof = r.get("profile_hasten_bf16")
@@ -490,7 +506,7 @@ def main() -> int:
     parser.add_argument("--cache", choices=("cold", "as-is"), default="cold")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--kernel-names", action="store_true")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--render", type=Path, help="print the table of this record and exit")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -500,6 +516,8 @@ def main() -> int:
         return 0
     if args.child:
         return child(args)
+    if args.json is None:
+        args.json = _default_json()
     args.models = [m for m in args.models.split(",") if m]
     args.candidates = [c for c in args.candidates.split(",") if c]
     unknown = [c for c in args.candidates if c not in CANDIDATES]

@@ -79,6 +79,9 @@ def render_block(name: str) -> str:
     elif kind == "hasten.whole_run":
         parts.append(_whole_run(data) + "\n")
         machine = data["machine"]
+    elif kind == "hasten.bench.bf16_step":
+        parts.append(_bf16_step(data) + "\n")
+        machine = data["machine"]
     elif kind == "hasten.demo":
         parts.append(demo_table(data, markdown=True) + "\n")
         parts.append("![test accuracy against training seconds](results/demo/demo.png)\n")
@@ -88,6 +91,17 @@ def render_block(name: str) -> str:
     if machine:
         parts.append(f"_Machine: {machine_line(machine)}._ {_source(path)}\n")
     return "\n".join(parts)
+
+
+def _bf16_step(data: dict) -> str:
+    """bf16_step.py's own table (one script writes and renders its record)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bf16_step", HERE / "bf16_step.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.render(data))
 
 
 def _whole_run(data: dict) -> str:
