@@ -14,6 +14,8 @@ Arms (the label says what runs):
 * ``hasten``: the same, then ``compile_trainer(trainer)`` (the plan is told the run's training
   calls; the Trainer's AdamW made the fused one).
 * ``torch_compile``: ``TrainingArguments(torch_compile=True)`` (Accelerate's ``torch.compile``).
+* ``torch_compile_fused``: the same with ``optim="adamw_torch_fused"`` (the informed user's
+  Trainer: ``torch.compile`` and PyTorch's fused AdamW kernel).
 
 Usage::
 
@@ -33,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ARMS = ("plain", "hasten", "torch_compile")
+ARMS = ("plain", "hasten", "torch_compile", "torch_compile_fused")
 
 
 def child(a: argparse.Namespace) -> dict[str, Any]:
@@ -80,7 +82,8 @@ def child(a: argparse.Namespace) -> dict[str, Any]:
         save_strategy="no",
         disable_tqdm=True,
         logging_strategy="no",
-        torch_compile=a.child == "torch_compile",
+        torch_compile=a.child in ("torch_compile", "torch_compile_fused"),
+        optim="adamw_torch_fused" if a.child == "torch_compile_fused" else "adamw_torch",
     )
     trainer = Trainer(model=model, train_dataset=train, eval_dataset=test, args=args)
     if a.child == "hasten":
