@@ -82,6 +82,9 @@ def render_block(name: str) -> str:
     elif kind == "hasten.bench.bf16_step":
         parts.append(_bf16_step(data) + "\n")
         machine = data["machine"]
+    elif kind == "hasten.hf_whole_run":
+        parts.append(_hf_whole_run(data) + "\n")
+        machine = data["machine"]
     elif kind == "hasten.demo":
         parts.append(demo_table(data, markdown=True) + "\n")
         parts.append("![test accuracy against training seconds](results/demo/demo.png)\n")
@@ -102,6 +105,43 @@ def _bf16_step(data: dict) -> str:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return str(module.render(data))
+
+
+_HF_ARMS = {
+    "plain": "the `Trainer` as made (`adamw_torch`)",
+    "hasten": "the same, then `compile_trainer(trainer)` (default plan, told the run's length)",
+    "torch_compile": "`TrainingArguments(torch_compile=True)`",
+    "torch_compile_fused": '`torch_compile=True`, `optim="adamw_torch_fused"`',
+}
+
+
+def _hf_whole_run(data: dict) -> str:
+    """hf_whole_run.py: each arm's whole fine-tune (evaluations included) against the plain one."""
+    c = data["config"]
+    runs = data["runs"]
+    plain = [r["seconds"] for r in runs if r["arm"] == "plain" and "seconds" in r]
+    base = sorted(plain)[len(plain) // 2] if plain else None
+    lines = [
+        f"BERT {c['layers']} layers x {c['hidden']}, {c['epochs']} epochs of "
+        f"{c['train'] or 'all'} BBC News articles ({c['seq']} tokens, batch 32), evaluation on "
+        f"the 445 test articles after each epoch; each arm in a new process with an empty "
+        f"Inductor cache; {c['rounds']} round(s), arms in turn.",
+        "",
+        "| arm | what runs | whole run s | vs plain | optimizer steps | evaluations s "
+        "| test accuracy |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        if "seconds" not in r:
+            lines.append(f"| {r['arm']} | {_HF_ARMS.get(r['arm'], '')} | error | | | | |")
+            continue
+        evals = " + ".join(f"{e:.1f}" for e in r.get("eval_runtime_s", []) if e is not None)
+        ratio = f"{base / r['seconds']:.2f}×" if base else ""
+        lines.append(
+            f"| {r['arm']} | {_HF_ARMS.get(r['arm'], '')} | {r['seconds']:.1f} | {ratio} "
+            f"| {r['steps']} | {evals} | {100 * r['test_accuracy']:.1f} % |"
+        )
+    return "\n".join(lines)
 
 
 def _whole_run(data: dict) -> str:
