@@ -79,8 +79,12 @@ class PruningGuard:
     """In ``(0, 1]``: the skipped samples' stored losses sum to at most this share of all stored
     losses."""
     max_drift: float = 0.1
-    """``>= 0``: prune only once the previous epoch's loss fell, from its first half to its
-    second, by at most this share of the first loss."""
+    """``>= 0``: prune only once the previous epoch's loss fell, from the first half of its last
+    ``drift_window`` to the second half, by at most this share of the first loss."""
+    drift_window: float = 1.0
+    """In ``(0, 1]``: the share of the previous epoch, at its end, the warm-up judges (1: the
+    whole epoch, its first half against its second; 0.5: its third quarter against its
+    fourth, i.e. how fast the loss still fell when the epoch ended)."""
     audit_fraction: float = 0.05
     """In ``[0, 1)``: share of the skipped samples forwarded with weight 0 to check them (0: no
     audit)."""
@@ -105,6 +109,13 @@ class PruningGuard:
                 "large number (e.g. 1.0), or guard=None for no guard at all"
             )
         set_field(self, "max_drift", float(drift))
+        window = fraction(self.drift_window, "drift_window")
+        if window <= 0:
+            raise SiftConfigValidationException(
+                f"drift_window must be in (0, 1], got {window}: the share of the previous epoch "
+                "the warm-up judges"
+            )
+        set_field(self, "drift_window", window)
         set_field(
             self, "audit_fraction", fraction(self.audit_fraction, "audit_fraction", upper_open=True)
         )
@@ -204,11 +215,15 @@ class Guard:
             return self._hold(record, why, keep)
         drift = self._drift(losses, epoch_seen, audit)
         if drift is not None and drift[0] - drift[1] > g.max_drift * st.first_loss:
+            where = (
+                f"within epoch {st.last_epoch}"
+                if g.drift_window >= 1.0
+                else f"over the last {g.drift_window:.0%} of epoch {st.last_epoch}"
+            )
             return self._hold(
                 record,
-                f"warming up: the loss still fell from {drift[0]:.2f} to {drift[1]:.2f} within "
-                f"epoch {st.last_epoch} (more than {g.max_drift:.0%} of the first loss "
-                f"{st.first_loss:.2f})",
+                f"warming up: the loss still fell from {drift[0]:.2f} to {drift[1]:.2f} {where} "
+                f"(more than {g.max_drift:.0%} of the first loss {st.first_loss:.2f})",
                 keep,
             )
         finite = seen & torch.isfinite(losses)
@@ -277,8 +292,8 @@ class Guard:
     def _drift(
         self, losses: Tensor, epoch_seen: Tensor, audit: Tensor | None
     ) -> tuple[float, float] | None:
-        """Mean loss of the first and the second half of the previous epoch (its fed-back,
-        trained samples), or ``None`` when either half has none."""
+        """Mean loss of the first and the second half of the last ``drift_window`` of the
+        previous epoch (its fed-back, trained samples), or ``None`` when either half has none."""
         st = self.state
         order = st.last_order
         if order is None or len(order) < 2:
@@ -287,6 +302,8 @@ class Guard:
         if audit is not None:
             trained &= ~torch.isin(order, audit)
         trained &= (epoch_seen[order] == st.last_epoch) & torch.isfinite(losses[order])
+        start = len(order) - max(2, round(self.settings.drift_window * len(order)))
+        order, trained = order[max(0, start) :], trained[max(0, start) :]
         half = len(order) // 2
         first, second = order[:half][trained[:half]], order[half:][trained[half:]]
         if not len(first) or not len(second):

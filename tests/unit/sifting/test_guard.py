@@ -87,6 +87,37 @@ def test_waits_while_the_loss_still_falls_within_an_epoch():
     assert "warming up" in sampler.guard.state.epochs[-1]["reason"]
 
 
+def _fine_tune(epoch, idx, pos):
+    """A fine-tune: the fresh head learns in the first half of epoch 0 (1.6 -> 0.6, nothing
+    learned yet), the loss is flat after that; even samples end learned (0.05), odd ones hard
+    (0.6, above the learned threshold ~0.46)."""
+    learned = torch.where(idx % 2 == 0, 0.05, 0.6)
+    if epoch == 0:
+        return torch.where(pos < 0.5, 1.6 - 2.0 * pos, learned)
+    return learned
+
+
+def test_the_warm_up_window_judges_the_end_of_the_previous_epoch():
+    whole = PruningSampler(N, StaleRelativePruningConfig(), num_epochs=4, seed=0)
+    _drive(whole, _fine_tune, 3)
+    assert whole.stats.epoch_kept_fractions[1] == 1.0  # epoch 0 fell: epoch 1 waits
+    assert "within epoch 0" in whole.guard.state.epochs[1]["reason"]
+    assert whole.stats.epoch_kept_fractions[2] < 1.0
+    late = PruningSampler(
+        N, StaleRelativePruningConfig(guard={"drift_window": 0.5}), num_epochs=4, seed=0
+    )
+    orders = _drive(late, _fine_tune, 3)
+    assert late.stats.epoch_kept_fractions[1] < 1.0  # epoch 0 ended flat: epoch 1 prunes
+    skipped = set(range(N)) - set(orders[1].tolist())
+    assert skipped and all(i % 2 == 0 for i in skipped)  # learned ones only
+    falling = PruningSampler(
+        N, StaleRelativePruningConfig(guard={"drift_window": 0.5}), num_epochs=3, seed=0
+    )
+    _drive(falling, lambda e, i, p: 1.6 * (1 - p) + 0.01, 3)  # still falling at each end
+    assert falling.stats.epoch_kept_fractions == [1.0] * 3
+    assert "over the last 50% of epoch 1" in falling.guard.state.epochs[-1]["reason"]
+
+
 def _forgetting(climb_to):
     def loss_of(epoch, idx, pos, state={}):  # noqa: B006 - the audited set, seen in epoch 3
         base = _learning(epoch, idx, pos)
@@ -264,7 +295,14 @@ def test_config_field_validation_and_round_trip():
     assert coerce_pruning_config(data) == cfg
     assert coerce_pruning_config({"policy": "unbiased", "guard": None}).guard is None
     assert UnbiasedPruningConfig().guard == DEFAULT_GUARD
-    for bad in ({"learned_below": 0}, {"loss_budget": 1.5}, {"max_drift": -1}, {"audit_x": 1}):
+    for bad in (
+        {"learned_below": 0},
+        {"loss_budget": 1.5},
+        {"max_drift": -1},
+        {"audit_x": 1},
+        {"drift_window": 0},
+        {"drift_window": 1.5},
+    ):
         with pytest.raises(SiftConfigValidationException):
             StaleRelativePruningConfig(guard=bad)
     with pytest.raises(SiftConfigValidationException, match="guard=None"):
