@@ -461,6 +461,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     bar.close()
     print()
     print(demo_table(result))
+    for row in result["rows"]:  # the sampler's own line: what it left out and the guard's why
+        if row.get("sifting"):
+            print(f"{row['run']}: {row['sifting']['summary']}")
     print(
         f"\none seed ({config.seed}) per run: time to target moves with the seed; --seed "
         "changes it" + ("; --quick: timings mean nothing" if args.quick else "")

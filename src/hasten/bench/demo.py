@@ -252,6 +252,9 @@ def run_demo(
             "samples_scored": rec.samples_scored,
             "compute": rec.compute,
         }
+        sifted = rec.info.get("sifting")
+        if sifted:  # what the sampler left out before the run stopped, and the guard's verdict
+            rows[name]["sifting"] = sifted
     rows_list = [rows[name] for name in variants]
     base = records.get("eager")
     for row in rows_list:

@@ -119,6 +119,20 @@ class _PruneRun:
         self.sampler.set_epoch(epoch)
         return len(self.sampler)
 
+    def report(self) -> dict[str, Any]:
+        """What the sampler left out over the epochs it planned (the last one counted whole,
+        even when the run stopped in it), and its end-of-run line with the guard's verdict."""
+        s = self.sampler.stats
+        return {
+            "epochs_planned": s.epochs,
+            "samples_planned": s.samples_total,
+            "samples_kept": s.samples_kept,
+            "samples_left_out": s.samples_total - s.samples_kept,
+            "samples_audited": s.samples_audited,
+            "kept_per_epoch": list(s.epoch_kept_fractions),
+            "summary": self.sampler.summary(),
+        }
+
 
 @dataclass(frozen=True)
 class PrunePolicy:

@@ -241,9 +241,18 @@ def demo_table(result: dict[str, Any], markdown: bool = False) -> str:
     rows = []
     for r in result["rows"]:
         if "skipped" in r:
-            rows.append([r["run"], *["—"] * 7, "skipped: " + r["skipped"]])
+            rows.append([r["run"], *["—"] * 8, "skipped: " + r["skipped"]])
             continue
         reached = r["time_to_target_s"]
+        sift = r.get("sifting")
+        if sift and sift.get("samples_planned"):
+            left = sift["samples_left_out"]
+            saved = (
+                f"{left:,} of {sift['samples_planned']:,} samples "
+                f"({left / sift['samples_planned']:.0%}) in {sift['epochs_planned']} epochs"
+            )
+        else:
+            saved = "—"
         rows.append(
             [
                 r["run"],
@@ -254,6 +263,7 @@ def demo_table(result: dict[str, Any], markdown: bool = False) -> str:
                 f"{r['samples_backprop']:,}",
                 _f(r.get("compute_vs_eager"), ".2f", "×"),
                 _f(r["speedup"], ".2f", "×"),
+                saved,
                 one_seed,
             ]
         )
@@ -266,6 +276,7 @@ def demo_table(result: dict[str, Any], markdown: bool = False) -> str:
         "samples backprop",
         "compute vs eager",
         "speedup incl. compile",
+        "sifting left out",
         "note",
     ]
     return format_table(headers, rows, markdown)

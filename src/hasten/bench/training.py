@@ -541,6 +541,9 @@ def train_iter(
         reached = clock
     compute = 3 * backprop + scored[0]
     info: dict[str, Any] = dict(policy.describe())
+    report = getattr(run, "report", None)
+    if callable(report):  # what a sifting policy left out, in its own words
+        info["sifting"] = report()
     return RunRecord(
         task=task.name,
         policy=policy.name,

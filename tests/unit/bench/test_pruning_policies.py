@@ -42,6 +42,13 @@ def test_unbiased_policy_reads_only_kept_samples_and_counts_compute():
     assert rec.samples_backprop < full.samples_backprop
     assert rec.samples_read == rec.samples_backprop  # pruned before loading: never read
     assert rec.info["config"]["prune_ratio"] == 0.9
+    sift = rec.info["sifting"]  # what the sampler left out, in its own words
+    n = len(task.data().y_train)
+    assert sift["samples_planned"] == 4 * n and sift["epochs_planned"] == 4
+    assert sift["samples_kept"] == rec.samples_backprop  # audited samples count as trained
+    assert sift["samples_left_out"] == 4 * n - rec.samples_backprop
+    assert sift["summary"].startswith("hasten sifting: trained on")
+    assert "sifting" not in full.info
     again = train_run(task, policy, seed=0)
     assert (again.test_acc, again.samples_backprop) == (rec.test_acc, rec.samples_backprop)
 

@@ -50,11 +50,22 @@ def test_demo_table_marks_skipped_and_unreached():
                 "speedup": None,
             },
             {"run": "sifting", "skipped": "hasten.sifting is not available"},
+            {
+                "run": "compile + sifting",
+                "time_to_target_s": 2.0,
+                "compile_s": 0.5,
+                "time_to_target_incl_compile_s": 2.5,
+                "final_test_acc": 0.9,
+                "samples_backprop": 1500,
+                "speedup": None,
+                "sifting": {"samples_planned": 2000, "samples_left_out": 500, "epochs_planned": 2},
+            },
         ]
     }
     text = demo_table(result)
     assert "not reached" in text and "skipped: hasten.sifting is not available" in text
     assert "1,000" in text
+    assert "500 of 2,000 samples (25%) in 2 epochs" in text  # what the sifting left out
     assert "one seed" in text  # a single run per variant says so
 
 
