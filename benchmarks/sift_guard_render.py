@@ -154,18 +154,23 @@ def variants_section() -> list[str]:
     for path in sorted(RESULTS.glob("sift-guard-variants-*.json")):
         data = json.loads(path.read_text())
         task = data["task"]
+        # a re-run on another machine is named sift-guard-variants-<task>-<what>.json: its
+        # rows say so (its full-data pairs are the record's, which may not reproduce there)
+        part = path.stem.removeprefix(f"sift-guard-variants-{task}").strip("-")
+        cpu = ((data.get("machines") or [{}])[-1].get("cpu") or {}).get("model", "?")
+        where = f" (re-run `{part}`, {cpu})" if part else ""
         for name, row in data["summary"].items():
             first = next(r for r in data["runs"] if r["variant"] == name)
             pruned = [e["epoch"] for e in first["guard_epochs"] if e.get("pruned", 0) > 0]
             sem = row["acc_minus_full_sem"]
             lines.append(
-                f"| {NAMES.get(task, task)} | `{name}` {json.dumps(row['guard'] or {})} | "
+                f"| {NAMES.get(task, task)} | `{name}` {json.dumps(row['guard'] or {})}{where} | "
                 f"{len(row['seeds'])} | {row['saved_mean']:.1%} | "
                 f"{100 * row['acc_minus_full_mean']:+.2f} ± {100 * (sem or 0):.2f} | "
                 f"{', '.join(map(str, pruned)) or 'none'} of {data['epochs']} |"
             )
         default = next((r for r in data["runs"] if r["variant"] == "default"), None)
-        if default:
+        if default and not part:
             notes.append(f"- {NAMES.get(task, task)}, default, seed {default['seed']}:")
             for e in default["guard_epochs"][:6]:
                 share = f", pruned {e['pruned']}" if e.get("pruned") else ""
