@@ -279,4 +279,8 @@ def demo_table(result: dict[str, Any], markdown: bool = False) -> str:
         "sifting left out",
         "note",
     ]
+    if not any(r.get("sifting") for r in result["rows"]):  # no sifting row: no sifting column
+        col = headers.index("sifting left out")
+        headers.pop(col)
+        rows = [row[:col] + row[col + 1 :] for row in rows]
     return format_table(headers, rows, markdown)
