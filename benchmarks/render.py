@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -120,7 +121,7 @@ def _hf_whole_run(data: dict) -> str:
     c = data["config"]
     runs = data["runs"]
     plain = [r["seconds"] for r in runs if r["arm"] == "plain" and "seconds" in r]
-    base = sorted(plain)[len(plain) // 2] if plain else None
+    base = statistics.median(plain) if plain else None
     lines = [
         f"BERT {c['layers']} layers x {c['hidden']}, {c['epochs']} epochs of "
         f"{c['train'] or 'all'} BBC News articles ({c['seq']} tokens, batch 32), evaluation on "

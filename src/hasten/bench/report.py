@@ -238,10 +238,11 @@ def demo_table(result: dict[str, Any], markdown: bool = False) -> str:
     """
     seed = (result.get("config") or {}).get("seed")
     one_seed = "one seed" + (f" ({seed})" if seed is not None else "")
+    sifted = any(r.get("sifting") for r in result["rows"])  # no sifting row: no sifting column
     rows = []
     for r in result["rows"]:
         if "skipped" in r:
-            rows.append([r["run"], *["—"] * 8, "skipped: " + r["skipped"]])
+            rows.append([r["run"], *["—"] * (8 if sifted else 7), "skipped: " + r["skipped"]])
             continue
         reached = r["time_to_target_s"]
         sift = r.get("sifting")
@@ -263,7 +264,7 @@ def demo_table(result: dict[str, Any], markdown: bool = False) -> str:
                 f"{r['samples_backprop']:,}",
                 _f(r.get("compute_vs_eager"), ".2f", "×"),
                 _f(r["speedup"], ".2f", "×"),
-                saved,
+                *([saved] if sifted else []),
                 one_seed,
             ]
         )
@@ -276,11 +277,7 @@ def demo_table(result: dict[str, Any], markdown: bool = False) -> str:
         "samples backprop",
         "compute vs eager",
         "speedup incl. compile",
-        "sifting left out",
+        *(["sifting left out"] if sifted else []),
         "note",
     ]
-    if not any(r.get("sifting") for r in result["rows"]):  # no sifting row: no sifting column
-        col = headers.index("sifting left out")
-        headers.pop(col)
-        rows = [row[:col] + row[col + 1 :] for row in rows]
     return format_table(headers, rows, markdown)
