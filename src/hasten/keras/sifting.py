@@ -19,13 +19,20 @@ The loop, with the hook points::
       on_epoch_begin(e)   plan epoch e: one read of the loss table, the policy, a shuffle
       data[i]             batch i of the plan: (x, y, sample_weight); its indices queue up
       on_train_batch_end  read the step's per-sample losses (one host read of batch_size floats)
-                          and store them under the queued indices
+                          and store them under the queued indices; catch the LR schedule up
       on_epoch_end        keep rate and statistics go into the epoch's logs (sift_keep_rate ...)
 
 Every sample the plan keeps is yielded exactly once per epoch; never-seen samples are always kept
 (so epoch 0 trains on all data), and the last ``anneal_fraction`` of the epochs train on all data.
 Keras fixes the number of steps per epoch at the first epoch (all data), so a pruned epoch ends
 early; Keras's "ran out of data" warning for that is silenced while the callback runs.
+
+LR catch-up (as the Hugging Face and Lightning adapters do, through the same
+:func:`hasten.integrations.core.full_data_steps`): a ``LearningRateSchedule`` is indexed by the
+optimizer's iterations, and one sized for ``epochs`` full-data epochs would end with the shorter,
+pruned run still partway along it. While the callback runs, the optimizer's schedule is indexed by
+the steps a full-data run would have taken by now (``max`` of those and the iterations taken:
+never back), set after every step; the schedule itself is put back at the end of the fit.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from hasten.integrations.core import full_data_steps
 from hasten.keras._plan import EpochPlanner
 from hasten.sifting.pruning_config import coerce_pruning_config
 
@@ -165,6 +173,9 @@ class SiftingCallback(keras.callbacks.Callback):
         self._buffer: Any = None
         self._restore: Any = None
         self._filters: Any = None
+        self._schedule: _CaughtUp | None = None
+        self._epoch = 0
+        self._trained = 0  # batches of this epoch trained on
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         model = self.model
@@ -190,16 +201,29 @@ class SiftingCallback(keras.callbacks.Callback):
 
         object.__setattr__(model, "compute_loss", compute_loss)
         self._restore = original
+        self._schedule = _CaughtUp.install(model.optimizer)
         model.make_train_function(force=True)  # fit made it before this hook: remake it
         self._filters = warnings.filters[:]
         warnings.filterwarnings("ignore", message=_RAN_OUT)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.dataset.start_epoch(epoch)
+        self._epoch, self._trained = epoch, 0
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # HOST SYNC: batch_size floats per step (Keras reads its logs back every step anyway)
         self.dataset.record(keras.ops.convert_to_numpy(self._buffer.value))
+        self._trained += 1
+        if self._schedule is not None:
+            self._schedule.step.assign(self.steps_into_schedule())
+
+    def steps_into_schedule(self) -> int:
+        """Optimizer steps a full-data fit would have taken by now (at most its ``epochs``)."""
+        data = self.dataset
+        planned = math.ceil(data.size / data.batch_size)  # a full-data epoch's batches
+        target = full_data_steps(self._epoch, self._trained, data.num_batches, planned)
+        epochs = (self.params or {}).get("epochs")
+        return min(target, epochs * planned) if isinstance(epochs, int) else target
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
@@ -214,9 +238,59 @@ class SiftingCallback(keras.callbacks.Callback):
             object.__delattr__(self.model, "compute_loss")
             self.model.train_function = None
         self._restore = None
+        if self._schedule is not None:
+            self._schedule.uninstall()
+            self._schedule = None
         if self._filters is not None:
             warnings.filters[:] = self._filters
             self._filters = None
+
+
+@keras.saving.register_keras_serializable(package="hasten")
+class _CaughtUp(keras.optimizers.schedules.LearningRateSchedule):
+    """The optimizer's ``LearningRateSchedule``, indexed by ``max(iterations, step)``: ``step``
+    is the full-data steps the callback sets after each training step (see the module doc).
+    Saved mid-fit (a ``ModelCheckpoint``), it is saved under this name with the wrapped
+    schedule's config, and loads back as the wrapped schedule itself (loading needs
+    ``hasten.keras`` imported); the fit puts the user's schedule back when it ends."""
+
+    def __init__(self, schedule: Any) -> None:
+        super().__init__()
+        self.schedule = schedule
+        self.step = keras.Variable(0, dtype="int64", trainable=False, name="hasten_sift_lr_step")
+        self._optimizer: Any = None
+
+    def __call__(self, step: Any) -> Any:
+        return self.schedule(keras.ops.maximum(keras.ops.cast(step, "int64"), self.step))
+
+    def get_config(self) -> dict[str, Any]:
+        return {"schedule": keras.saving.serialize_keras_object(self.schedule)}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Any:
+        # the user's schedule, not the wrapper: a loaded model steps by its own iterations
+        return keras.saving.deserialize_keras_object(config["schedule"])
+
+    @classmethod
+    def install(cls, optimizer: Any) -> _CaughtUp | None:
+        """Wrap ``optimizer``'s schedule (a loss-scale optimizer's inner one); ``None`` where
+        its learning rate is a number or a plain callable, which the steps do not index."""
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        schedule = getattr(inner, "_learning_rate", None)  # Keras keeps the schedule here
+        if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            return None
+        if isinstance(schedule, cls):  # a fit interrupted before its on_train_end
+            schedule.uninstall()
+            schedule = schedule.schedule
+        wrapped = cls(schedule)
+        inner.learning_rate = wrapped
+        wrapped._optimizer = inner
+        return wrapped
+
+    def uninstall(self) -> None:
+        if self._optimizer is not None and self._optimizer._learning_rate is self:
+            self._optimizer.learning_rate = self.schedule
+        self._optimizer = None
 
 
 def _per_sample_loss(model: Any, loss: Any) -> Any:
