@@ -86,6 +86,9 @@ def render_block(name: str) -> str:
     elif kind == "hasten.hf_whole_run":
         parts.append(_hf_whole_run(data) + "\n")
         machine = data["machine"]
+    elif kind == "hasten.two_lines_isolated":
+        parts.append(_two_lines_isolated(data) + "\n")
+        machine = data["machine"]
     elif kind == "hasten.demo":
         parts.append(demo_table(data, markdown=True) + "\n")
         parts.append("![test accuracy against training seconds](results/demo/demo.png)\n")
@@ -141,6 +144,31 @@ def _hf_whole_run(data: dict) -> str:
         lines.append(
             f"| {r['arm']} | {_HF_ARMS.get(r['arm'], '')} | {r['seconds']:.1f} | {ratio} "
             f"| {r['steps']} | {evals} | {100 * r['test_accuracy']:.1f} % |"
+        )
+    return "\n".join(lines)
+
+
+def _two_lines_isolated(data: dict) -> str:
+    """two_lines_isolated.py: per-process step medians and the per-round peer / hasten ratio."""
+    peer, ours = data["candidates"]
+    lines = [
+        f"{data['rounds']} rounds; per round one new process per candidate (order alternating), "
+        f"{data['warmup']} untimed steps then {data['steps']} timed; warm Inductor cache.",
+        "",
+        f"| model | `{peer}` ms per process | `{ours}` ms per process | median ms "
+        f"(peer / hasten) | peer / hasten per round: median [min, max] |",
+        "|---|---|---|---|---|",
+    ]
+    for r in data["results"]:
+
+        def ms(cand: str, r: dict = r) -> str:
+            return " / ".join(f"{x['median_s'] * 1e3:.0f}" for x in r["runs"][cand])
+
+        med = r["medians_s"]
+        lines.append(
+            f"| {r['model']}-{data['size']} | {ms(peer)} | {ms(ours)} "
+            f"| {med[peer] * 1e3:.0f} / {med[ours] * 1e3:.0f} "
+            f"| **{r['ratio_median']:.3f}×** [{min(r['ratios']):.3f}, {max(r['ratios']):.3f}] |"
         )
     return "\n".join(lines)
 
