@@ -160,13 +160,12 @@ def _two_lines_isolated(data: dict) -> str:
         "|---|---|---|---|---|",
     ]
     for r in data["results"]:
-
-        def ms(cand: str, r: dict = r) -> str:
-            return " / ".join(f"{x['median_s'] * 1e3:.0f}" for x in r["runs"][cand])
-
+        per_process = {
+            c: " / ".join(f"{x['median_s'] * 1e3:.0f}" for x in r["runs"][c]) for c in (peer, ours)
+        }
         med = r["medians_s"]
         lines.append(
-            f"| {r['model']}-{data['size']} | {ms(peer)} | {ms(ours)} "
+            f"| {r['model']}-{data['size']} | {per_process[peer]} | {per_process[ours]} "
             f"| {med[peer] * 1e3:.0f} / {med[ours] * 1e3:.0f} "
             f"| **{r['ratio_median']:.3f}×** [{min(r['ratios']):.3f}, {max(r['ratios']):.3f}] |"
         )
