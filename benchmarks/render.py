@@ -116,6 +116,7 @@ _HF_ARMS = {
     "hasten": "the same, then `compile_trainer(trainer)` (default plan, told the run's length)",
     "torch_compile": "`TrainingArguments(torch_compile=True)`",
     "torch_compile_fused": '`torch_compile=True`, `optim="adamw_torch_fused"`',
+    "regional_fused": '`layer.compile()` on each encoder block, `optim="adamw_torch_fused"`',
 }
 
 
