@@ -14,7 +14,9 @@ sifting            ``PruningSampler`` with the unbiased rule (InfoBatch's: prune
 compile + sifting  both switches
 =================  ======================================================================
 
-Every run starts from the same initial weights and sees the data in the same order; each is
+Every run starts from the same initial weights and sees the data in the same order (a sifted
+run until its first pruned epoch: the sampler's shuffle has a generator of its own, the
+full-data runs draw from the same stream, ``hasten.bench.training.SeededShuffle``); each is
 evaluated on the test set a few times per epoch (the clock is paused while it is) and stops when
 the target accuracy is reached. The four runs are interleaved, one evaluation interval at a time,
 so a change in machine load hits them alike. A compiled run runs as the user's script would:

@@ -159,6 +159,27 @@ class FullData:
         return _FullDataRun()
 
 
+class SeededShuffle(Sampler[int]):
+    """Every index once per epoch, epoch ``e`` in the order of the ``e``-th
+    ``torch.randperm(n, generator=torch.Generator().manual_seed(seed))``.
+
+    The order a :class:`~hasten.sifting.PruningSampler` with the same seed yields while it
+    prunes nothing, so a full-data run and a sifted one see the same batches until the first
+    pruned epoch (a DataLoader's own ``shuffle=True`` also draws its workers' base seed from
+    the generator, which shifts its stream).
+    """
+
+    def __init__(self, num_samples: int, seed: int) -> None:
+        self.num_samples = num_samples
+        self._gen = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        yield from torch.randperm(self.num_samples, generator=self._gen).tolist()
+
+
 class RS2Sampler(Sampler[int]):
     """RS2 without replacement: each epoch a fresh random subset of ``subset_size`` samples.
 
@@ -425,13 +446,11 @@ def train_iter(
     n = len(dataset)
 
     def make_loader(sampler: Sampler[int] | None = None) -> DataLoader:
-        gen = torch.Generator().manual_seed(seed)
+        # full data: shuffled as a pruning sampler with this seed shuffles (paired runs)
         return DataLoader(
             dataset,
             batch_size=task.batch_size,
-            shuffle=sampler is None,
-            sampler=sampler,
-            generator=gen if sampler is None else None,
+            sampler=SeededShuffle(n, seed) if sampler is None else sampler,
             collate_fn=as_batch,
         )
 

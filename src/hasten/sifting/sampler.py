@@ -59,7 +59,8 @@ from hasten.sifting.pruning_config import coerce_pruning_config
 
 __all__ = ["PruningSampler", "PruningStats", "prune_until", "select_epoch"]
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: the shuffle has a generator of its own (1: one for both)
+_PRUNING_SEED_SALT = 0x5EED_D12A  # the pruning draws' generator: seed ^ this
 
 
 @dataclass
@@ -156,8 +157,13 @@ class PruningSampler(Sampler[int]):
             dict with a ``"policy"`` key.
         num_epochs: Epochs the run will train; needed when the config anneals (trains on all
             data for its last ``anneal_fraction`` of epochs).
-        seed: Seed of the sampler's generator (pruning draws and shuffling). Under
-            ``torch.distributed`` every rank must use the same seed (checked).
+        seed: Seeds the sampler's two generators: one shuffles, one draws the pruning rule's
+            (and the guard's) random numbers, so the data order does not depend on how many
+            draws the rule took. With nothing pruned, epoch ``e``'s order is the ``e``-th
+            ``torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))``: a
+            full-data run shuffled that way sees the same batches until the first pruned
+            epoch (paired comparisons). Under ``torch.distributed`` every rank must use the
+            same seed (checked).
         shuffle: Shuffle the kept indices each epoch (otherwise ascending order).
         scorer: Scores stale samples for configs with ``max_loss_age`` (a
             :class:`~hasten.sifting.scoring.Scorer` or any ``fn(indices) -> losses``). Without
@@ -231,7 +237,8 @@ class PruningSampler(Sampler[int]):
         self.guard: Guard | None = None if settings is None else Guard(settings)
         self._reported = False
         self._prune_until = prune_until(anneal, num_epochs)
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generator = torch.Generator().manual_seed(seed ^ _PRUNING_SEED_SALT)
+        self._shuffle_generator = torch.Generator().manual_seed(seed)
         self._plan: _Plan | None = None
         self._weight_table: Tensor | None = None  # weights by dataset index, for indices=
         self._resume = False
@@ -530,6 +537,7 @@ class PruningSampler(Sampler[int]):
             "num_replicas": self.num_replicas,
             "rank": self.rank,
             "generator": self._generator.get_state(),
+            "shuffle_generator": self._shuffle_generator.get_state(),
             "table": self.table.state_dict(),
             "plan": None if plan is None else to_state(plan),
             "stats": dataclasses.asdict(self.stats),
@@ -547,10 +555,10 @@ class PruningSampler(Sampler[int]):
         of the epoch's indices, from the first one whose loss had not come back, with the same
         weights: build the DataLoader anew (its prefetched batches are gone) and iterate.
         """
-        if state.get("version") != _STATE_VERSION:
+        if state.get("version") not in (1, _STATE_VERSION):
             raise ValueError(
                 f"unsupported PruningSampler state version {state.get('version')!r} (this "
-                f"hasten writes {_STATE_VERSION})"
+                f"hasten reads 1 and {_STATE_VERSION}, writes {_STATE_VERSION})"
             )
         for key, mine in (
             ("size", self.size),
@@ -574,6 +582,8 @@ class PruningSampler(Sampler[int]):
             )
         self.seed = state["seed"]
         self._generator.set_state(state["generator"])
+        # version 1 drew the shuffle from the pruning generator: continue from its state
+        self._shuffle_generator.set_state(state.get("shuffle_generator", state["generator"]))
         self.table.load_state_dict(state["table"])
         p = state["plan"]
         self._plan = None if p is None else from_state(_Plan, p)
@@ -607,6 +617,7 @@ class PruningSampler(Sampler[int]):
             self._generator,
             pruning,
             self.shuffle,
+            shuffle_generator=self._shuffle_generator,
             guard=self.guard,
             epoch=epoch,
             epoch_seen=table.epoch_seen.cpu(),
@@ -699,6 +710,7 @@ def select_epoch(
     pruning: bool,
     shuffle: bool,
     *,
+    shuffle_generator: torch.Generator | None = None,
     guard: Guard | None = None,
     epoch: int = 0,
     epoch_seen: Tensor | None = None,
@@ -708,7 +720,9 @@ def select_epoch(
     The per-epoch law of every front-end that plans from fed-back losses (``PruningSampler``,
     Keras' ``EpochPlanner``): the stored ``losses`` of the ``seen`` samples go through the rule's
     ``policy``; never-seen samples are always kept; with ``pruning`` off, everything is. The
-    draws come from ``generator`` in one order, so equal seeds and losses give equal plans.
+    rule's and the guard's draws come from ``generator`` in one order, the shuffle from
+    ``shuffle_generator`` (default: ``generator`` too), so equal seeds and losses give equal
+    plans.
     With a ``guard`` (:mod:`hasten.sifting.guard`; needs ``epoch`` and the table's
     ``epoch_seen``), the rule's selection goes through it and it remembers the epoch's order.
     Returns ``(kept, weights)``: int64 indices on the CPU, and float weights by dataset index
@@ -727,7 +741,8 @@ def select_epoch(
     else:
         kept, weights = torch.arange(len(seen)), None
     if shuffle:
-        kept = kept[torch.randperm(len(kept), generator=generator)]
+        shuffler = generator if shuffle_generator is None else shuffle_generator
+        kept = kept[torch.randperm(len(kept), generator=shuffler)]
     if guard is not None:
         guard.remember(epoch, kept, pruning and bool(seen.any()))
     return kept, weights
