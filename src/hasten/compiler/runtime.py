@@ -219,10 +219,12 @@ class CompiledCode:
         if first and self.device_type == "cpu":
             self._start_probe()
         calls, before = self.record.backend_calls, graph_break_reasons() if first else None
+        backend_before = self.record.backend_seconds
         out = self._run_compiled(module, args, kwargs, variant)
         compiled_now = self.record.backend_calls != calls
         if compiled_now:
-            self.plan.compiled_seconds(time.perf_counter() - t0)
+            backend_s = self.record.backend_seconds - backend_before
+            self.plan.compiled_seconds(time.perf_counter() - t0, backend_s)
         self.plan.finished(variant, grad, t0, compiled_now)
         if first and before is not None and not self.record.graphs and not self.failed:
             self.warn_nothing_compiled(before)
