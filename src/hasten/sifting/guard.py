@@ -363,7 +363,7 @@ class Guard:
         failed = [r["verdict"] for r in st.epochs if "verdict" in r]
         audits = [r for r in st.epochs if "audit_loss" in r and "verdict" not in r]
         if failed:
-            head = failed[0]
+            head = f"guard: {failed[0]}"  # who decided, as in every other verdict
             if len(failed) > 1:
                 head += f" ({len(failed)} audits failed)"
             last_pause = max(r["paused_from"] for r in st.epochs if "paused_from" in r)
