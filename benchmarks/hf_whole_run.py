@@ -7,7 +7,9 @@ What a user of the Trainer waits for: from building the ``Trainer`` (and, for ha
 sizes by default: 12 layers x 768), BBC News articles cut to ``--seq`` word-level tokens (the
 bench's offline dataset), ``--epochs`` epochs, batch 32, AdamW at 5e-4 with linear decay. Each
 arm runs in a new process with a new, empty ``TORCHINDUCTOR_CACHE_DIR`` (cold: Inductor's cache
-and hasten's plan history both start empty), arms interleaved per round.
+and hasten's plan history both start empty), arms interleaved per round. With ``--warm`` each
+arm then runs again in its own cache (warm: what a second run on the machine gets, hasten's plan
+planning with what the first run measured).
 
 Arms (the label says what runs):
 
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--warm", action="store_true", help="each arm again, in its own cache")
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
     if a.child:
@@ -142,16 +145,20 @@ def main(argv: list[str] | None = None) -> int:
             cache = tempfile.mkdtemp(prefix="hasten-hf-whole-run-")
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
             cmd = [sys.executable, __file__, "--child", arm, *map(str, flags)]
-            t0 = time.perf_counter()
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
-            if proc.returncode != 0:
-                rec: dict[str, Any] = {"arm": arm, "error": proc.stderr[-3000:]}
-            else:
-                rec = json.loads(proc.stdout.strip().splitlines()[-1])
-                rec["log_tail"] = proc.stderr[-2000:]
-            rec.update(round=rnd, process_s=time.perf_counter() - t0)
-            runs.append(rec)
-            print(f"round {rnd} {arm:14} {rec.get('seconds', rec.get('error', '')[-200:])}")
+            for state in ("cold", "warm") if a.warm else ("cold",):
+                t0 = time.perf_counter()
+                proc = subprocess.run(
+                    cmd, env=env, capture_output=True, text=True, timeout=a.timeout
+                )
+                if proc.returncode != 0:
+                    rec: dict[str, Any] = {"arm": arm, "error": proc.stderr[-3000:]}
+                else:
+                    rec = json.loads(proc.stdout.strip().splitlines()[-1])
+                    rec["log_tail"] = proc.stderr[-2500:]
+                rec.update(round=rnd, cache=state, process_s=time.perf_counter() - t0)
+                runs.append(rec)
+                got = rec.get("seconds", rec.get("error", "")[-200:])
+                print(f"round {rnd} {arm:14} {state} {got}", flush=True)
     result = {
         "kind": "hasten.hf_whole_run",
         "config": {k: v for k, v in vars(a).items() if k not in ("child", "out")},

@@ -7,6 +7,12 @@ thread: the script first re-runs the recorded default and checks it reproduces).
     python benchmarks/sift_guard_variants.py --task mnist1d --seeds 3 4 5 \\
         --variant budget0.03 '{"loss_budget": 0.03}' --variant learned0.1 '{"learned_below": 0.1}'
 
+A variant's JSON holds the guard's fields; a ``"rule"`` key in it overrides the rule's own
+fields instead (``'{"rule": {"anneal_fraction": 0.125}}'``). ``--fresh-full`` re-runs each
+seed's full-data run with the code as it is (recorded beside the variants) and pairs with that
+instead of the recorded one: needed once the data order of the recorded runs no longer
+reproduces (the sampler's shuffle stream changed in 97a8f2f).
+
 Writes ``benchmarks/results/sift-guard-variants-<task>.json``: every run with the guard's
 records, and per variant the paired difference against full data and the saving.
 """
@@ -24,7 +30,7 @@ from hasten.bench import _hasten_api
 from hasten.bench.machine import machine_stamp
 from hasten.bench.pruning_policies import PrunePolicy
 from hasten.bench.tasks import get_task
-from hasten.bench.training import train_run
+from hasten.bench.training import FullData, train_run
 
 RULE = {"policy": "stale_relative", "beta_value": 1.0, "max_loss_age": None, "anneal_fraction": 0.0}
 EPOCHS = {"digits": 20, "mnist1d": 40, "text": 6, "mnist1d-large": 12}  # as sift_guard_grid.py
@@ -42,6 +48,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", required=True)
     ap.add_argument("--variant", nargs=2, action="append", default=[], metavar=("NAME", "JSON"))
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--fresh-full", action="store_true", help="pair with full-data runs re-run now")
     a = ap.parse_args()
     torch.set_num_threads(1)
     recorded = json.loads((Path(a.out) / f"sift-guard-{a.task}.json").read_text())
@@ -60,15 +67,25 @@ def main() -> None:
     _hasten_api.pruning_sampler = capture  # to read the guard's records after each run
     variants = [("default", None)] + [(n, json.loads(j)) for n, j in a.variant]
     stamp = machine_stamp()
+    fresh = {}
+    if a.fresh_full:
+        for seed in a.seeds:
+            rec = train_run(task, FullData(), seed, data=data)
+            fresh[seed] = {"test_acc": rec.test_acc, "compute": rec.compute}
+            print(json.dumps({"full (re-run)": seed, "test_acc": rec.test_acc}), flush=True)
     runs = []
     for name, guard in variants:
         for seed in a.seeds:
-            config = dict(RULE) if guard is None else {**RULE, "guard": guard}
+            settings = dict(guard or {})
+            config = {**RULE, **settings.pop("rule", {})}
+            if settings:
+                config["guard"] = settings
             rec = train_run(task, PrunePolicy(f"guard-{name}", config), seed, data=data)
-            full = by[("full", seed)]
+            full = fresh[seed] if a.fresh_full else by[("full", seed)]
             run = {
                 "variant": name,
                 "guard": guard,
+                "paired_with_full": "re-run" if a.fresh_full else "recorded",
                 "seed": seed,
                 "test_acc": rec.test_acc,
                 "acc_minus_full": rec.test_acc - full["test_acc"],
@@ -77,7 +94,7 @@ def main() -> None:
                     {k: _plain(v) for k, v in r.items()} for r in samplers[-1].guard.state.epochs
                 ],
             }
-            if guard is None:
+            if guard is None and not a.fresh_full:
                 recorded_acc = by[("stale-b1-guarded", seed)]["test_acc"]
                 run["reproduces_recorded_default"] = rec.test_acc == recorded_acc
             runs.append(run)
@@ -103,6 +120,7 @@ def main() -> None:
         "task": a.task,
         "epochs": task.epochs,
         "paired_with": f"sift-guard-{a.task}.json",
+        "fresh_full": fresh,
         "runs": runs,
         "summary": summary,
         "machines": [*previous.get("machines", []), stamp],

@@ -27,17 +27,23 @@ evaluation, scoring) from what it can know:
   measures slower (a tiny model whose kernels' fixed costs exceed what fusion saves), the variant
   goes back to eager for the rest of the run, with one log line.
 
-The expected compile cost is what the last compile of the same region (class, parameter shapes,
-settings) took on this machine, kept in ``hasten-plan.json`` in the compile cache directory; the
-first time, a prior from the region's size (``PRIOR_S + PER_MODULE_S`` per submodule: 14 s for the
+The expected compile cost is what the last compile of the same variant of the same region
+(class, parameter shapes, settings; training and evaluation apart) took on this machine, kept in
+``hasten-plan.json`` in the compile cache directory; the first time, a prior from the region's
+size (an evaluation variant, forward only, ``FORWARD_ONLY_SHARE`` of it) (``PRIOR_S + PER_MODULE_S`` per submodule: 14 s for the
 demo's small transformer, 44 s for GPT-2 124M, 59 s for BERT-base, against cold compiles of 15,
 54-62 and 48-55 s measured on 2 cores, the first call's check included). A region compiled
 before in this cache directory finds its kernels in Inductor's cache, so only the backend's share
 of that compile shrinks: the expectation is then the last compile less ``CACHED_BACKEND_SAVES``
 of its backend seconds (measured on 2 cores, Intel Xeon: cold 28.2 s with 22.4 s in the backend
-on BERT-base, 29.4 / 22.3 s on the Llama-style decoder; the warm compile 7.5 s with 1.0 s in the
+on BERT-base, 29.4 / 22.3 s on the Llama-style decoder, whose warm compile took 7.5 s with 1.0 s in the
 backend), unless ``TORCHINDUCTOR_FX_GRAPH_CACHE=0`` switches that cache off. The gain is the
-measured one from the same file, else ``PRIOR_GAIN``.
+variant's measured one from the same file, else ``PRIOR_GAIN``; a variant measured to save less
+than ``MIN_GAIN`` stays eager under the ski-rental rule too. The prior is a guess: measured
+against hasten's own eager step (fused AdamW), compiling saved 15 % of a GPT-2 124M step, 7 % of
+BERT-base's, 17 % of the Llama-style decoder's at batch 1 x 128, and ~3 % of BERT-base's at
+32 x 64 (the Trainer fine-tune, where a compile planned on 20 % did not pay back). Once compiled,
+the variant's measured saving is said in one line, with whether it pays back this run.
 
 Under ``torch.distributed`` with more than one rank, timing-based choices could differ between
 ranks, so a region compiles at its first call there, as with ``regions="whole"``.
@@ -57,6 +63,8 @@ from typing import Any
 from torch import nn
 
 __all__ = [
+    "FORWARD_ONLY_SHARE",
+    "MIN_GAIN",
     "PER_MODULE_S",
     "PRIOR_GAIN",
     "PRIOR_S",
@@ -64,6 +72,7 @@ __all__ = [
     "VariantPlan",
     "applies",
     "distributed_run",
+    "history_key",
 ]
 
 # a fit to cold compiles measured on 2 cores (AMD EPYC, 2026-12-02), the first call's check
@@ -74,6 +83,9 @@ PER_MODULE_S = 0.22
 PRIOR_GAIN = 0.2  # a compiled step 20 % shorter than eager's (1.25x): the low end measured
 CACHED_BACKEND_SAVES = 0.9  # of the backend's seconds, when its kernels are cached (96-97 %
 # measured: GPT-2 124M 44.6 -> 1.4 s, Llama-style 22.3 -> 1.0 s)
+FORWARD_ONLY_SHARE = 0.35  # an evaluation variant's compile (forward only) against a training
+# one's, before either was measured: BERT-base 17.3 of 50.3 s (0.34) on 2 Xeon cores
+MIN_GAIN = 0.03  # a variant measured here to save less than this stays eager (ski-rental)
 _CHECK_CALLS = 5  # compiled calls timed before comparing with eager
 _TIMED_STEPS = 2  # eager steps timed, at least, before a known-length plan decides
 _SETTLE_STEPS = 4  # and at least this many where the run allows (steps // 20): GPT-2 124M's
@@ -109,6 +121,11 @@ class VariantPlan:
     last_start: float | None = None
     last_was_compiled: bool = False
     last_compiled_now: bool = False
+    expected_s: float = 0.0  # what compiling this variant is expected to cost
+    source: str = "estimated"  # where that figure comes from
+    gain: float = PRIOR_GAIN  # the share of a call compiling is expected to save
+    measured_gain: bool = False  # ``gain`` was measured here before (not the prior)
+    grad_steps_at_compile: int | None = None  # training calls made when it compiled
 
 
 class Plan:
@@ -132,26 +149,41 @@ class Plan:
     ) -> None:
         self.key = key
         self.label = label
+        self.prior_s = prior_s
         self.steps = steps
         self.history_dir = history_dir
-        known = _read_history(history_dir).get(key, {})
-        self.expected_s, self.source = _expected_compile(known, prior_s)
-        self.gain = float(known.get("gain", PRIOR_GAIN))
+        self.history = _read_history(history_dir)
         self.variants: dict[str, VariantPlan] = {}
         self.notes: list[str] = []
 
-    def compile_now(self, variant: str, grad: bool) -> bool:
-        """Called at the start of each call of ``variant``: whether it runs compiled."""
+    def variant(self, variant: str, grad: bool = True) -> VariantPlan:
+        """The plan of one variant, made at its first call from the history of that variant
+        (training and evaluation compile different graphs, at different costs and gains)."""
         v = self.variants.get(variant)
         if v is None:
-            v = self.variants[variant] = VariantPlan()
+            known = self.history.get(history_key(self.key, variant), {})
+            prior = self.prior_s if grad else FORWARD_ONLY_SHARE * self.prior_s
+            expected, source = _expected_compile(known, prior)
+            v = self.variants[variant] = VariantPlan(
+                expected_s=expected,
+                source=source,
+                gain=float(known.get("gain", PRIOR_GAIN)),
+                measured_gain="gain" in known,
+            )
+        return v
+
+    def compile_now(self, variant: str, grad: bool) -> bool:
+        """Called at the start of each call of ``variant``: whether it runs compiled."""
+        v = self.variant(variant, grad)
         now = time.perf_counter()
         if grad and v.last_start is not None:  # a training call's time: start to next start
-            self._account(v, now - v.last_start)
+            self._account(variant, v, now - v.last_start)
         v.calls += 1
         v.last_start = now if grad else None
         if v.state == "eager":
             v.state = self._decide(variant, v, grad)
+            if v.state == "compiled":
+                v.grad_steps_at_compile = v.calls - 1 if grad else None
         return v.state == "compiled"
 
     def finished(self, variant: str, grad: bool, started: float, compiled_now: bool) -> None:
@@ -160,67 +192,78 @@ class Plan:
         v.last_was_compiled = v.state == "compiled"
         v.last_compiled_now = compiled_now
         if not grad:  # an evaluation or scoring call: its own duration is its cost
-            self._account(v, time.perf_counter() - started)
+            self._account(variant, v, time.perf_counter() - started)
 
-    def compiled_seconds(self, seconds: float, backend_s: float | None = None) -> None:
-        """Learn what compiling this region took here, ``backend_s`` of it in the compiler
+    def compiled_seconds(
+        self, variant: str, seconds: float, backend_s: float | None = None
+    ) -> None:
+        """Learn what compiling ``variant`` took here, ``backend_s`` of it in the compiler
         backend (for the next process's plan, whose compile finds those kernels cached)."""
-        self.expected_s = seconds
+        v = self.variant(variant)
+        v.expected_s, v.source = seconds, "measured in this run"
         values = {"compile_s": round(seconds, 3)}
         if backend_s is not None:
             values["backend_s"] = round(min(max(backend_s, 0.0), seconds), 3)
-        _update_history(self.history_dir, self.key, values)
+        _update_history(self.history_dir, history_key(self.key, variant), values)
 
-    def _account(self, v: VariantPlan, seconds: float) -> None:
+    def _account(self, variant: str, v: VariantPlan, seconds: float) -> None:
         if v.last_compiled_now:  # the call that compiled: its time is the compile's
             v.last_compiled_now = False
             return
         if v.last_was_compiled:
             v.compiled_times.append(seconds)
             if len(v.compiled_times) == _CHECK_CALLS and v.eager_times:
-                self._compare(v)
+                self._compare(variant, v)
         else:
             v.eager_s += seconds
             v.eager_times = [*v.eager_times, seconds][-16:]
 
     def _decide(self, variant: str, v: VariantPlan, grad: bool) -> str:
+        gain = f"~{v.gain:.0%} saved" + (" (measured here before)" if v.measured_gain else "")
         if self.steps is not None and grad:
             if not self._timed_enough(v.eager_times):
                 if v.calls == 1:
                     self._note(
                         f"{self.label} ({variant}): the first steps run eagerly and are timed, to "
                         f"plan for the run's {self.steps} steps (a compile is expected to take "
-                        f"~{self.expected_s:.0f} s, {self.source})"
+                        f"~{v.expected_s:.0f} s, {v.source})"
                     )
                 return "eager"
             left = max(self.steps - v.calls + 1, 0)
             step = min(v.eager_times)  # a first call's one-off costs are no step's
-            saved = left * step * self.gain
-            if saved > self.expected_s:
+            saved = left * step * v.gain
+            if saved > v.expected_s:
                 self._note(
                     f"{self.label} ({variant}): compiling: {left} steps left x {step:.2f} s at "
-                    f"~{self.gain:.0%} saved is ~{saved:.0f} s, more than the ~"
-                    f"{self.expected_s:.0f} s a compile is expected to take"
+                    f"{gain} is ~{saved:.0f} s, more than the ~{v.expected_s:.0f} s a compile "
+                    "is expected to take"
                 )
                 return "compiled"
             self._note(
                 f"{self.label} ({variant}): runs eagerly for this run: {left} steps left x "
-                f"{step:.2f} s at ~{self.gain:.0%} saved would save ~{saved:.0f} s, less than "
-                f"the ~{self.expected_s:.0f} s a compile is expected to take "
-                "(regions='whole' compiles anyway)"
+                f"{step:.2f} s at {gain} would save ~{saved:.0f} s, less than the "
+                f"~{v.expected_s:.0f} s a compile is expected to take (regions='whole' compiles "
+                "anyway)"
             )
             return "eager_for_good"
-        if v.eager_s >= self.expected_s:
+        if v.measured_gain and v.gain < MIN_GAIN:
+            self._note(
+                f"{self.label} ({variant}): runs eagerly: compiled, it measured "
+                f"{'no faster' if v.gain <= 0 else f'only {v.gain:.0%} faster'} than eager here "
+                "before (regions='whole' compiles anyway)"
+            )
+            return "eager_for_good"
+        if v.eager_s >= v.expected_s:
             self._note(
                 f"{self.label} ({variant}): compiling now: {v.eager_s:.1f} s spent eagerly in "
-                f"{v.calls - 1} calls reached the ~{self.expected_s:.0f} s a compile is expected "
+                f"{v.calls - 1} calls reached the ~{v.expected_s:.0f} s a compile is expected "
                 "to take"
             )
             return "compiled"
         if v.calls == 1:
             self._note(
                 f"{self.label} ({variant}): starts eagerly: a compile is expected to take "
-                f"~{self.expected_s:.0f} s ({self.source}), so it compiles once this variant has "
+                f"~{v.expected_s:.0f} s ({v.source}), so it compiles once this variant has "
                 "spent that long eagerly (hasten.compile(model, steps=N) plans for a known run "
                 "length; regions='whole' compiles at once)"
             )
@@ -241,7 +284,7 @@ class Plan:
             return False
         return len(times) >= cap or times[-1] >= 0.9 * min(times[:-1])
 
-    def _compare(self, v: VariantPlan) -> None:
+    def _compare(self, variant: str, v: VariantPlan) -> None:
         # The eager reference is the median of the faster half of the eager calls: the first
         # ones carry one-off costs (a new process's lazy work, 2x a steady step measured on
         # GPT-2 124M), and a gain learned against them would make the next process's plan
@@ -250,13 +293,31 @@ class Plan:
         eager = statistics.median(fast)
         compiled = statistics.median(v.compiled_times)
         gain = 1.0 - compiled / eager if eager > 0 else 0.0
-        _update_history(self.history_dir, self.key, {"gain": round(max(gain, 0.0), 3)})
+        _update_history(
+            self.history_dir, history_key(self.key, variant), {"gain": round(max(gain, 0.0), 3)}
+        )
+        measured = (
+            f"{compiled * 1e3:.1f} vs {eager * 1e3:.1f} ms eagerly, medians; the next run in "
+            "this cache plans with that"
+        )
         if compiled >= eager:
             v.state = "eager_for_good"
             self._note(
-                f"{self.label}: the compiled call measured slower than eager ({compiled * 1e3:.1f} "
-                f"vs {eager * 1e3:.1f} ms, medians), so it runs eagerly from now on"
+                f"{self.label} ({variant}): the compiled call measured slower than eager "
+                f"({measured}), so it runs eagerly from now on"
             )
+            return
+        line = f"{self.label} ({variant}): compiled, a call takes {gain:.0%} less ({measured})"
+        if self.steps is not None and v.grad_steps_at_compile is not None:
+            left = max(self.steps - v.grad_steps_at_compile, 0)
+            saved = left * (eager - compiled)
+            line += f": ~{saved:.0f} s saved over the {left} steps compiled, " + (
+                f"more than the {v.expected_s:.0f} s the compile took"
+                if saved > v.expected_s
+                else f"less than the {v.expected_s:.0f} s the compile took (the plan "
+                f"expected ~{v.gain:.0%} saved; this compile did not pay back in this run)"
+            )
+        self._note(line)
 
     def _note(self, text: str) -> None:
         from hasten.compiler.report import log_line
@@ -277,6 +338,13 @@ def plan_key(module: nn.Module, config: Any) -> str:
     )
     text = repr((type(module).__qualname__, params, settings))
     return f"{type(module).__name__}-{hashlib.sha1(text.encode()).hexdigest()[:16]}"
+
+
+def history_key(key: str, variant: str) -> str:
+    """A variant's entry in ``hasten-plan.json``: each variant compiles its own graph, at its
+    own cost and gain (BERT-base: training 50.3 s at ~3 % saved, evaluation 17.3 s and slower
+    compiled; one shared entry let the evaluation's figures replace the training's)."""
+    return f"{key}/{variant}"
 
 
 def prior_seconds(module: nn.Module) -> float:

@@ -224,7 +224,7 @@ class CompiledCode:
         compiled_now = self.record.backend_calls != calls
         if compiled_now:
             backend_s = self.record.backend_seconds - backend_before
-            self.plan.compiled_seconds(time.perf_counter() - t0, backend_s)
+            self.plan.compiled_seconds(variant, time.perf_counter() - t0, backend_s)
         self.plan.finished(variant, grad, t0, compiled_now)
         if first and before is not None and not self.record.graphs and not self.failed:
             self.warn_nothing_compiled(before)
