@@ -30,9 +30,10 @@ evaluation, scoring) from what it can know:
 The expected compile cost is what the last compile of the same variant of the same region
 (class, parameter shapes, settings; training and evaluation apart) took on this machine, kept in
 ``hasten-plan.json`` in the compile cache directory; the first time, a prior from the region's
-size (an evaluation variant, forward only, ``FORWARD_ONLY_SHARE`` of it) (``PRIOR_S + PER_MODULE_S`` per submodule: 14 s for the
-demo's small transformer, 44 s for GPT-2 124M, 59 s for BERT-base, against cold compiles of 15,
-54-62 and 48-55 s measured on 2 cores, the first call's check included). A region compiled
+size, ``PRIOR_S + PER_MODULE_S`` per submodule (14 s for the demo's small transformer, 44 s for
+GPT-2 124M, 59 s for BERT-base, against cold compiles of 15, 54-62 and 48-55 s measured on 2
+cores, the first call's check included), and ``FORWARD_ONLY_SHARE`` of that for an evaluation
+variant (forward only). A region compiled
 before in this cache directory finds its kernels in Inductor's cache, so only the backend's share
 of that compile shrinks: the expectation is then the last compile less ``CACHED_BACKEND_SAVES``
 of its backend seconds (measured on 2 cores, Intel Xeon: cold 28.2 s with 22.4 s in the backend
@@ -177,7 +178,7 @@ class Plan:
         v = self.variant(variant, grad)
         now = time.perf_counter()
         if grad and v.last_start is not None:  # a training call's time: start to next start
-            self._account(variant, v, now - v.last_start)
+            self._account(variant, now - v.last_start)
         v.calls += 1
         v.last_start = now if grad else None
         if v.state == "eager":
@@ -192,7 +193,7 @@ class Plan:
         v.last_was_compiled = v.state == "compiled"
         v.last_compiled_now = compiled_now
         if not grad:  # an evaluation or scoring call: its own duration is its cost
-            self._account(variant, v, time.perf_counter() - started)
+            self._account(variant, time.perf_counter() - started)
 
     def compiled_seconds(
         self, variant: str, seconds: float, backend_s: float | None = None
@@ -206,14 +207,15 @@ class Plan:
             values["backend_s"] = round(min(max(backend_s, 0.0), seconds), 3)
         _update_history(self.history_dir, history_key(self.key, variant), values)
 
-    def _account(self, variant: str, v: VariantPlan, seconds: float) -> None:
+    def _account(self, variant: str, seconds: float) -> None:
+        v = self.variants[variant]
         if v.last_compiled_now:  # the call that compiled: its time is the compile's
             v.last_compiled_now = False
             return
         if v.last_was_compiled:
             v.compiled_times.append(seconds)
             if len(v.compiled_times) == _CHECK_CALLS and v.eager_times:
-                self._compare(variant, v)
+                self._compare(variant)
         else:
             v.eager_s += seconds
             v.eager_times = [*v.eager_times, seconds][-16:]
@@ -284,7 +286,8 @@ class Plan:
             return False
         return len(times) >= cap or times[-1] >= 0.9 * min(times[:-1])
 
-    def _compare(self, variant: str, v: VariantPlan) -> None:
+    def _compare(self, variant: str) -> None:
+        v = self.variants[variant]
         # The eager reference is the median of the faster half of the eager calls: the first
         # ones carry one-off costs (a new process's lazy work, 2x a steady step measured on
         # GPT-2 124M), and a gain learned against them would make the next process's plan
