@@ -525,7 +525,15 @@ class CompiledCode:
         if not odd.active:
             return False
         size = batch_size(args, kwargs)
-        if not odd.run_eagerly(size):
+        plan = self.plan
+        pays = (
+            None
+            if plan is None
+            else lambda other, calls: plan.odd_size_pays(
+                variant, other / (odd.size or other), calls
+            )
+        )
+        if not odd.run_eagerly(size, pays):
             return False
         if odd.odd == 1:
             line = (

@@ -75,13 +75,43 @@ def test_rare_evaluation_calls_count_their_own_time(clock, tmp_path):
     # an evaluation compile is expected to cost FORWARD_ONLY_SHARE of the 1 s prior: 0.35 s
     p = Plan("k", "Net", prior_s=1.0, steps=10_000, history_dir=str(tmp_path))
     evals = []
-    for _ in range(15):
+    for _ in range(85):
         _step(p, clock, 0.1)
         evals.append(_step(p, clock, 0.02, variant="eval_no_grad", grad=False))
-    assert not any(evals)  # 15 x 0.02 s = 0.3 s of evaluation: less than its compile
+    # 85 x 0.02 s = 1.7 s of evaluation at the 20 % prior would have saved 0.34 s: less than
+    # its compile (a rule renting at the full eager time compiled at 0.35 s, ~18 calls)
+    assert not any(evals)
+    assert any("starts eagerly" in n and "~2 s eagerly" in n for n in p.notes)
     for _ in range(5):
         evals.append(_step(p, clock, 0.02, variant="eval_no_grad", grad=False))
-    assert evals[-1]  # 0.4 s of evaluation: now it pays
+    assert evals[-1]  # 1.8 s of evaluation would have saved 0.36 s: now it pays
+    assert any("would have saved ~0.4 s" in n for n in p.notes)
+
+
+def test_a_recurring_short_batch_is_recompiled_only_once_running_it_eagerly_cost_a_compile(
+    clock, tmp_path
+):
+    from hasten.compiler.traps import OddBatches
+
+    p = Plan("k", "Net", prior_s=1.0, steps=None, history_dir=str(tmp_path))
+    for _ in range(19):  # evaluation calls of 0.1 s: 1.8 s x 20 % pays the 0.35 s compile
+        _step(p, clock, 0.1, variant="eval_no_grad", grad=False)
+    assert p.variants["eval_no_grad"].state == "compiled"
+
+    def pays(other: int, calls: int) -> bool:
+        return p.odd_size_pays("eval_no_grad", other / 64, calls)
+
+    # a Trainer evaluation: 6 batches of 64 then one of 37, one call in 7 (not rare by count)
+    odd = OddBatches()
+    sizes = ([64] * 6 + [37]) * 40
+    eager = [odd.run_eagerly(s, pays) for s in sizes]
+    # a 37-batch costs ~0.058 s, 20 % of it ~0.012 s: the 0.35 s recompile pays after ~31
+    first_compiled = next(i for i, (s, e) in enumerate(zip(sizes, eager)) if s == 37 and not e)
+    assert sum(e for e in eager[:first_compiled]) == 30
+    assert not any(e for s, e in zip(sizes, eager) if s == 64)
+    # without the plan the count rule recompiles at the second pass
+    count_only = OddBatches()
+    assert [count_only.run_eagerly(s) for s in sizes[:14]].count(True) == 1
 
 
 def test_a_compiled_call_slower_than_eager_goes_back_to_eager(clock, tmp_path):
