@@ -269,18 +269,18 @@ class Plan:
                 "before (regions='whole' compiles anyway)"
             )
             return "eager_for_good"
-        if grad and v.eager_s >= v.expected_s:
+        # training rents at its full eager time, evaluation and scoring at their gain
+        rent = v.eager_s if grad else v.eager_s * v.gain
+        if rent >= v.expected_s:
+            spent = f"{v.eager_s:.1f} s spent eagerly in {v.calls - 1} calls"
             self._note(
-                f"{self.label} ({variant}): compiling now: {v.eager_s:.1f} s spent eagerly in "
-                f"{v.calls - 1} calls reached the ~{v.expected_s:.0f} s a compile is expected "
-                "to take"
-            )
-            return "compiled"
-        if not grad and v.eager_s * v.gain >= v.expected_s:
-            self._note(
-                f"{self.label} ({variant}): compiling now: {v.eager_s:.1f} s spent eagerly in "
-                f"{v.calls - 1} calls at {gain} would have saved ~{v.eager_s * v.gain:.1f} s, "
-                f"the ~{v.expected_s:.0f} s a compile is expected to take"
+                f"{self.label} ({variant}): compiling now: "
+                + (
+                    f"{spent} reached"
+                    if grad
+                    else f"{spent} at {gain} would have saved ~{rent:.1f} s,"
+                )
+                + f" the ~{v.expected_s:.0f} s a compile is expected to take"
             )
             return "compiled"
         if v.calls == 1:

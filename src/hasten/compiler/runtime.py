@@ -521,19 +521,16 @@ class CompiledCode:
         """Whether this call's batch size is a rare other one, to run eagerly (traps.OddBatches)."""
         odd = self._odd.get(variant)
         if odd is None:
-            odd = self._odd[variant] = OddBatches()
+            # without the compile plan (regions="whole") the count rule alone decides
+            odd = self._odd[variant] = OddBatches(
+                lambda fraction, calls: (
+                    self.plan is None or self.plan.odd_size_pays(variant, fraction, calls)
+                )
+            )
         if not odd.active:
             return False
         size = batch_size(args, kwargs)
-        plan = self.plan
-        pays = (
-            None
-            if plan is None
-            else lambda other, calls: plan.odd_size_pays(
-                variant, other / (odd.size or other), calls
-            )
-        )
-        if not odd.run_eagerly(size, pays):
+        if not odd.run_eagerly(size):
             return False
         if odd.odd == 1:
             line = (

@@ -205,20 +205,19 @@ class OddBatches:
 
     RARE = 8
 
-    def __init__(self) -> None:
+    def __init__(self, recompile_pays: Callable[[float, int], bool] | None = None) -> None:
+        """``recompile_pays(fraction, odd_calls)``: whether ``odd_calls`` calls of the other
+        size (``fraction`` of the compiled size), run eagerly, have cost as much as compiling
+        for it (asked for one recurring other size only)."""
         self.size: int | None = None  # the compiled batch size; None: not known, or gave up
         self.calls = 0
         self.odd = 0
         self.odd_sizes: set[int] = set()
         self.active = True
+        self.recompile_pays = recompile_pays
 
-    def run_eagerly(
-        self, size: int | None, recompile_pays: Callable[[int, int], bool] | None = None
-    ) -> bool:
-        """Count a call of batch ``size``; ``True``: run it eagerly, not through the graph.
-
-        ``recompile_pays(size, odd_calls)``: whether ``odd_calls`` calls of that size run
-        eagerly have cost as much as compiling for it (one recurring other size only)."""
+    def run_eagerly(self, size: int | None) -> bool:
+        """Count a call of batch ``size``; ``True``: run it eagerly, not through the graph."""
         self.calls += 1
         if not self.active or size is None:
             return False
@@ -234,9 +233,9 @@ class OddBatches:
             self.odd += 1
             return True
         if (
-            recompile_pays is not None
+            self.recompile_pays is not None
             and len(self.odd_sizes) == 1
-            and not recompile_pays(size, self.odd + 1)
+            and not self.recompile_pays(size / self.size, self.odd + 1)
         ):
             self.odd += 1
             return True

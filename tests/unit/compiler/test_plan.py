@@ -98,13 +98,13 @@ def test_a_recurring_short_batch_is_recompiled_only_once_running_it_eagerly_cost
         _step(p, clock, 0.1, variant="eval_no_grad", grad=False)
     assert p.variants["eval_no_grad"].state == "compiled"
 
-    def pays(other: int, calls: int) -> bool:
-        return p.odd_size_pays("eval_no_grad", other / 64, calls)
+    def pays(fraction: float, calls: int) -> bool:
+        return p.odd_size_pays("eval_no_grad", fraction, calls)
 
     # a Trainer evaluation: 6 batches of 64 then one of 37, one call in 7 (not rare by count)
-    odd = OddBatches()
+    odd = OddBatches(pays)
     sizes = ([64] * 6 + [37]) * 40
-    eager = [odd.run_eagerly(s, pays) for s in sizes]
+    eager = [odd.run_eagerly(s) for s in sizes]
     # a 37-batch costs ~0.058 s, 20 % of it ~0.012 s: the 0.35 s recompile pays after ~31
     first_compiled = next(i for i, (s, e) in enumerate(zip(sizes, eager)) if s == 37 and not e)
     assert sum(e for e in eager[:first_compiled]) == 30
