@@ -81,7 +81,10 @@ def render_block(name: str) -> str:
         parts.append(_whole_run(data) + "\n")
         machine = data["machine"]
     elif kind == "hasten.bench.bf16_step":
-        parts.append(_bf16_step(data) + "\n")
+        parts.append(_script_render("bf16_step", data) + "\n")
+        machine = data["machine"]
+    elif kind == "hasten.bench.bf16_weights":
+        parts.append(_script_render("bf16_weights", data) + "\n")
         machine = data["machine"]
     elif kind == "hasten.hf_whole_run":
         parts.append(_hf_whole_run(data) + "\n")
@@ -100,11 +103,11 @@ def render_block(name: str) -> str:
     return "\n".join(parts)
 
 
-def _bf16_step(data: dict) -> str:
-    """bf16_step.py's own table (one script writes and renders its record)."""
+def _script_render(script: str, data: dict) -> str:
+    """A benchmark script's own table (one script writes and renders its record)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bf16_step", HERE / "bf16_step.py")
+    spec = importlib.util.spec_from_file_location(script, HERE / f"{script}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
