@@ -4,7 +4,12 @@
         [--warmup 3] [--steps 10] [--threads 2] [--candidates a,b,...]
     python benchmarks/bf16_weights.py --numerics [--numerics-steps 300]
 
-A measurement, not a library feature: the optimizers below live in this script only.
+A measurement, not a library feature: the optimizers below live in this script only. The
+records also hold a ``hasten-bf16-weights`` row: a library prototype of the same idea
+(``hasten.compile(model, precision="bf16", weights="bf16")``, the user's AdamW updating the
+masters through hasten's optimizer pre-hook, one compiled kernel per parameter), measured in the
+same runs and not merged, since it did not pay: in ``-run1`` the int16-split form, in the
+main record the fp32-master form kept on branch ``bf16-weights-lib`` (commit 53dcbc9).
 
 Base-size models (:func:`hasten.bench.models.get_model_spec`, random weights), AdamW(lr=1e-4,
 weight_decay=0.01), the loss the model computes (``model(**batch).loss``; Transformers upcasts the
@@ -32,12 +37,6 @@ bf16-weights+split-AdamW        the same model and compile; the bf16 parameters 
                                 gradients (concatenated into one flat buffer first) and the fp32
                                 moments, applies AdamW in fp32 and writes both halves back: one
                                 pass. Its compile is timed apart (``update_compile_s``)
-hasten-bf16-weights             the library's opt-in: ``hasten.compile(model, precision="bf16",
-                                weights="bf16", regions="whole")`` and a default ``AdamW``: bf16
-                                parameters, an fp32 master of each kept by hasten, one
-                                Inductor-compiled kernel per parameter (dynamic shapes) that
-                                updates master, bf16 parameter and moments in one pass, run by
-                                hasten's optimizer pre-hook (``hasten.compiler.weights``)
 hasten-fp32                     ``hasten.compile(model, regions="whole")`` in fp32, default AdamW
 ==============================  =================================================================
 
@@ -52,8 +51,8 @@ process's peak RSS (``getrusage``) after the rounds.
 
 ``--numerics``: tiny GPT-2 (2 x 32, vocab 128) as tests/unit/compiler/test_bf16.py trains it:
 300 AdamW steps (lr 3e-3) over 16 fixed batches, dropout off, same data order and seed, for
-``--numerics-seeds`` seeds (model init and data); fp32 eager, ``hasten-bf16``,
-``hasten-bf16-weights`` and the two bf16-weight forms above; the mean loss of the last 20 steps
+``--numerics-seeds`` seeds (model init and data); fp32 eager, ``hasten-bf16`` and the two
+bf16-weight forms above; the mean loss of the last 20 steps
 against fp32's, the worst single step, and the split update against the master update (both in
 fp32 arithmetic).
 
@@ -81,10 +80,9 @@ CANDIDATES = (
     "hasten-bf16",
     "bf16-weights+master-AdamW",
     "bf16-weights+split-AdamW",
-    "hasten-bf16-weights",
     "hasten-fp32",
 )
-DEFAULT_CANDIDATES = CANDIDATES[:4]
+DEFAULT_CANDIDATES = CANDIDATES[:3]
 LR, BETAS, EPS, WD = 1e-4, (0.9, 0.999), 1e-8, 0.01
 
 
@@ -245,10 +243,9 @@ def _build(name: str, model_name: str, size: str, batch: int, seq: int):
     data = spec.make_batch(torch.Generator().manual_seed(0), batch_size=batch)
     data = {k: v[:, :seq] if v.dim() == 2 else v for k, v in data.items()}
     opt: Any
-    if name in ("hasten-bf16", "hasten-fp32", "hasten-bf16-weights"):
-        precision = "fp32" if name == "hasten-fp32" else "bf16"
-        weights = "bf16" if name == "hasten-bf16-weights" else "fp32"
-        hasten.compile(model, precision=precision, weights=weights, regions="whole")
+    if name in ("hasten-bf16", "hasten-fp32"):
+        precision = "bf16" if name == "hasten-bf16" else "fp32"
+        hasten.compile(model, precision=precision, regions="whole")
         opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
     else:
         opt = _bf16_weights(model, name, lr=LR, weight_decay=WD)
@@ -579,9 +576,6 @@ def numerics(args: argparse.Namespace) -> dict[str, Any]:
         m = hasten.compile(fresh(seed), precision="bf16", regions="whole")
         opt = torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=WD)
         runs["hasten-bf16"] = train(m, opt, data)
-        m = hasten.compile(fresh(seed), precision="bf16", weights="bf16", regions="whole")
-        opt = torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=WD)
-        runs["hasten-bf16-weights"] = train(m, opt, data)
         finals = {}
         for name in ("bf16-weights+master-AdamW", "bf16-weights+split-AdamW"):
             m = fresh(seed)
