@@ -47,7 +47,9 @@ How it runs: one child process per candidate and model, all alive at once (each 
 memory), set up one after another (the first step, with the compiles, timed apart; ``--warmup``
 steps in all), then ``--steps`` rounds of one timed step per candidate with the order rotated
 each round, one process working at a time. Step time: median of the timed steps. Memory: the
-process's peak RSS (``getrusage``) after the rounds.
+process's peak RSS (``getrusage``) after the rounds. ``--profile``: then two more steps of each
+candidate under ``torch.profiler``, self CPU time by category as bf16_step.py counts it (Inductor
+kernels, matmuls, optimizer, ...; the profiler's own overhead included).
 
 ``--numerics``: tiny GPT-2 (2 x 32, vocab 128) as tests/unit/compiler/test_bf16.py trains it:
 300 AdamW steps (lr 3e-3) over 16 fixed batches, dropout off, same data order and seed, for
@@ -273,6 +275,19 @@ def _bf16_weights(model, name: str, *, lr: float, weight_decay: float, compiled:
     return SplitAdamW(params, masters, lr=lr, weight_decay=weight_decay, compiled=compiled)
 
 
+def _profile(step) -> dict[str, Any]:
+    """bf16_step.py's profile of two steps: self CPU time by op and by category."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bf16_step", Path(__file__).with_name("bf16_step.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module._profile(step))
+
+
 def _rss_bytes() -> tuple[int, int]:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     current = 0
@@ -336,6 +351,8 @@ def child(args: argparse.Namespace) -> int:
                     opt.step()
                     times.append(time.perf_counter() - t0)
                 reply({"s": statistics.median(times)})
+            elif cmd == "profile":
+                reply(_profile(step))
             elif cmd == "mem":
                 peak, current = _rss_bytes()
                 reply({"maxrss_bytes": peak, "rss_bytes": current})
@@ -420,6 +437,9 @@ def run_model(model: str, args: argparse.Namespace, env: dict[str, str]) -> dict
             out = c.ask("opt")
             if "s" in out:
                 res[c.name]["optimizer_step_s"] = out["s"]
+        if args.profile:
+            for c in children:
+                res[c.name]["profile"] = c.ask("profile")
     finally:
         for c in children:
             c.close()
@@ -506,6 +526,22 @@ def render(out: dict[str, Any]) -> str:
                 f"| {vs} | {c.get('optimizer_step_s', float('nan')):.3f} | {first} "
                 f"| {c['maxrss_bytes'] / 2**30:.2f} |"
             )
+        profiled = [c for c in r["candidates"] if isinstance(c.get("profile"), dict)]
+        if profiled:
+            lines += [
+                "",
+                "Self CPU time per step by category (2 profiled steps, after the rounds):",
+                "",
+                "| candidate | self CPU s/step | by category |",
+                "|---|---|---|",
+            ]
+            for c in profiled:
+                prof = c["profile"]
+                cats = ", ".join(
+                    f"{k.split(' (')[0]} {v * prof['self_cpu_s_per_step']:.3f}"
+                    for k, v in prof["by_category"].items()
+                )
+                lines.append(f"| {c['name']} | {prof['self_cpu_s_per_step']:.3f} | {cats} |")
         lines.append("")
     num = out.get("numerics")
     if num:
@@ -659,6 +695,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps (rounds)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--candidates", default=",".join(DEFAULT_CANDIDATES))
+    parser.add_argument("--profile", action="store_true", help="profile 2 steps per candidate")
     parser.add_argument("--numerics", action="store_true", help="the tiny-model loss curves only")
     parser.add_argument("--numerics-steps", type=int, default=300)
     parser.add_argument("--numerics-seeds", type=int, default=3)
