@@ -519,6 +519,7 @@ def test_only_a_region_with_repeated_blocks_gets_blocks_as_a_choice(tmp_path):
 @pytest.mark.slow
 def test_a_medium_run_compiles_by_block_and_trains_as_eager_fp32(tmp_path, monkeypatch, caplog):
     import copy
+    import json
     import logging
 
     from hasten.compiler.api import compile_report
@@ -564,3 +565,8 @@ def test_a_medium_run_compiles_by_block_and_trains_as_eager_fp32(tmp_path, monke
     for (name, pe), pc in zip(eager.named_parameters(), planned.parameters()):
         torch.testing.assert_close(pc, pe, rtol=1e-4, atol=1e-6, msg=name)
     assert planned.state_dict().keys() == eager.state_dict().keys()
+    # the blocks' compile, seen from the model's eager call, is kept apart from the whole's
+    history = json.loads((tmp_path / "hasten-plan.json").read_text())
+    entries = [k for k, v in history.items() if k.endswith("/train_grad/blocks")]
+    assert len(entries) == 1 and history[entries[0]]["compile_s"] > 0
+    assert not any(k.endswith("/train_grad") for k in history)
