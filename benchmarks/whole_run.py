@@ -28,6 +28,8 @@ Candidates (the label says exactly what runs):
   switched off in the child (``regions.repeated_blocks`` patched to find none for the plan):
   the rule before the plan weighed blocks, eager or the whole model only. Only with
   ``--old-rule``.
+* ``hasten(regions=whole)``: ``hasten.compile(model, regions="whole")``: the whole model
+  compiled at the first call, no plan. Only with ``--old-rule``.
 
 ``--rounds R`` repeats the whole interleaved sequence R times, each round on new cold cache
 directories, so per-round ratios (eager's time / the candidate's in the same round) can be
@@ -37,9 +39,10 @@ Usage::
 
     python benchmarks/whole_run.py --model gpt2 --size base --batch 1 --seq 128 \\
         --ns 10,50,200,1000 --measure 60 --out benchmarks/results/compile-whole-run-gpt2.json
-    python benchmarks/whole_run.py --model bert --size base --batch 1 --seq 128 --ns 600 \
-        --candidates "eager,hasten(steps=600),hasten(steps=600, eager-or-whole)" --old-rule \
-        --caches cold --rounds 3 --out benchmarks/results/compile-whole-run-bert-blocks.json
+    python benchmarks/whole_run.py --model bert --size base --batch 1 --seq 128 --ns 300 \\
+        --old-rule --caches cold --rounds 3 --measure 60 --tail 20 \\
+        --candidates "eager,hasten(steps=300),hasten(steps=300, eager-or-whole),hasten(regions=whole)" \\
+        --out benchmarks/results/compile-whole-run-bert-blocks.json
     python benchmarks/render.py   # tables from the results
 """
 
@@ -115,7 +118,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             from hasten.compiler import regions
 
             regions.repeated_blocks = lambda model, min_count=2: []
-        model = hasten.compile(model, steps=_steps_of(cand))
+        if cand == "hasten(regions=whole)":
+            model = hasten.compile(model, regions="whole")
+        else:
+            model = hasten.compile(model, steps=_steps_of(cand))
     elif cand.startswith("torch.compile"):
         model = torch.compile(model)
         fused = cand.endswith("+fused")
@@ -222,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = [int(n) for n in args.ns.split(",")]
     cands = [*PEERS, *(f"hasten(steps={n})" for n in ns), "hasten(no hint)"]
     if args.old_rule:
-        cands += [f"hasten(steps={n}, eager-or-whole)" for n in ns]
+        cands += [f"hasten(steps={n}, eager-or-whole)" for n in ns] + ["hasten(regions=whole)"]
     if args.candidates:
         cands = [c for c in cands if c in args.candidates.split(",")]
     caches = args.caches.split(",")
