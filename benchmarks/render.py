@@ -210,9 +210,9 @@ def _whole_run(data: dict) -> str:
                 continue
             name = r["candidate"]
             if name.startswith("hasten(steps="):
-                name = "hasten.compile(model, steps=N)" + (
-                    ", eager-or-whole rule" if "eager-or-whole" in name else ""
-                )
+                name = "hasten.compile(model, steps=N)"
+            elif name.startswith("hasten-eager-or-whole(steps="):
+                name = "hasten.compile(model, steps=N), eager-or-whole rule"
             for n, v in r["time_to"].items():
                 by.setdefault(name, {}).setdefault(n, []).append(
                     (v["s"], v["extrapolated"], r.get("round", 0))

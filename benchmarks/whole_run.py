@@ -24,7 +24,7 @@ Candidates (the label says exactly what runs):
 * ``hasten(steps=N)``: ``hasten.compile(model, steps=N)`` (default ``regions="auto"``: the
   compile plan), ``AdamW`` as a user writes it (hasten fuses its step by default).
 * ``hasten(no hint)``: ``hasten.compile(model)`` with no run length (the ski-rental rule).
-* ``hasten(steps=N, eager-or-whole)``: as ``hasten(steps=N)``, with the plan's blocks choice
+* ``hasten-eager-or-whole(steps=N)``: as ``hasten(steps=N)``, with the plan's blocks choice
   switched off in the child (``regions.repeated_blocks`` patched to find none for the plan):
   the rule before the plan weighed blocks, eager or the whole model only. Only with
   ``--old-rule``.
@@ -41,7 +41,7 @@ Usage::
         --ns 10,50,200,1000 --measure 60 --out benchmarks/results/compile-whole-run-gpt2.json
     python benchmarks/whole_run.py --model bert --size base --batch 1 --seq 128 --ns 300 \\
         --old-rule --caches cold --rounds 3 --measure 60 --tail 20 \\
-        --candidates "eager,hasten(steps=300),hasten(steps=300, eager-or-whole),hasten(regions=whole)" \\
+        --candidates "eager,hasten(steps=300),hasten-eager-or-whole(steps=300),hasten(regions=whole)" \\
         --out benchmarks/results/compile-whole-run-bert-blocks.json
     python benchmarks/render.py   # tables from the results
 """
@@ -114,7 +114,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
         logging.getLogger("hasten").addHandler(Keep())
         logging.getLogger("hasten").setLevel(logging.INFO)
-        if cand.endswith("eager-or-whole)"):  # the plan offered no blocks: the rule before
+        if cand.startswith("hasten-eager-or-whole"):  # the plan offers no blocks: the old rule
             from hasten.compiler import regions
 
             regions.repeated_blocks = lambda model, min_count=2: []
@@ -155,7 +155,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 def _steps_of(cand: str) -> int | None:
     """The run length a hasten candidate is told (``None``: no hint)."""
-    m = re.match(r"hasten\(steps=(\d+)", cand)
+    m = re.match(r"hasten[a-z-]*\(steps=(\d+)\)", cand)
     return int(m.group(1)) if m else None
 
 
@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--old-rule",
         action="store_true",
-        help="add hasten(steps=N, eager-or-whole): the plan without its blocks choice",
+        help="add hasten-eager-or-whole(steps=N), the plan without its blocks choice, and "
+        "hasten(regions=whole)",
     )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = [int(n) for n in args.ns.split(",")]
     cands = [*PEERS, *(f"hasten(steps={n})" for n in ns), "hasten(no hint)"]
     if args.old_rule:
-        cands += [f"hasten(steps={n}, eager-or-whole)" for n in ns] + ["hasten(regions=whole)"]
+        cands += [f"hasten-eager-or-whole(steps={n})" for n in ns] + ["hasten(regions=whole)"]
     if args.candidates:
         cands = [c for c in cands if c in args.candidates.split(",")]
     caches = args.caches.split(",")
