@@ -130,7 +130,10 @@ BLOCKS_COMPILE_SHARE = 0.36
 # 2032 / 1841 ms eager / blocks / whole, compile-regions-base.json), GPT-2 4x256 0.52 (236 /
 # 212 / 190 ms, compile-regions-small.json); in compile-cpu-base.json's five rounds, per-round
 # speed-up medians 0.63 (GPT-2), 1.4 (BERT), 1.0 (Llama), step medians 0.33 / 0.90 / 0.28
-# (within the rounds' spread). The middle is ~0.57; rounded down, as PRIOR_GAIN is a low end
+# (within the rounds' spread). The middle is ~0.57; rounded down, as PRIOR_GAIN is a low end.
+# Below it: BERT-base at batch 1 x 128 on 2 AMD EPYC cores, ~0.1-0.2 (block-compiled step 0.62 s,
+# eager 0.63, whole 0.51-0.54; compile-whole-run-bert-blocks.json): small batches, where the
+# 24 block graph calls a step weigh more. A run learns the blocks' own gain for the next one.
 BLOCKS_GAIN_SHARE = 0.5
 _CHECK_CALLS = 5  # compiled calls timed before comparing with eager
 _TIMED_STEPS = 2  # eager steps timed, at least, before a known-length plan decides
