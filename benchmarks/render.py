@@ -190,21 +190,23 @@ def _whole_run(data: dict) -> str:
     Each cell: seconds, then the ratio eager / candidate; hasten's rows also carry
     torch.compile (default settings) / hasten, the issue's two targets side by side. The
     steady column is the median of the last measured steps with their 20th-80th percentiles
-    (the spread inside one run: one round per candidate).
+    (the spread inside one run). With several rounds (``--rounds``) a cell is the median of the
+    rounds' times, its ratios the median of the per-round ratios, with their range.
     """
     import itertools
     import statistics
 
     ns = [str(n) for n in data["ns"]]
     runs = [r for r in data["runs"] if "time_to" in r]
+    rounds = data.get("rounds", 1)
     ref_of = {
-        (r["candidate"], r["cache"]): r["time_to"]
+        (r["candidate"], r["cache"], r.get("round", 0)): r["time_to"]
         for r in runs
         if r["candidate"] in ("eager", "torch.compile")
     }
     rows = []
     for cache in ("cold", "warm"):
-        by: dict[str, dict[str, tuple[float, bool]]] = {}
+        by: dict[str, dict[str, list[tuple[float, bool, int]]]] = {}
         steady: dict[str, list[float]] = {}
         for r in runs:
             if r["cache"] != cache:
@@ -212,24 +214,37 @@ def _whole_run(data: dict) -> str:
             name = r["candidate"]
             if name.startswith("hasten(steps="):
                 name = "hasten.compile(model, steps=N)"
+            elif name.startswith("hasten-eager-or-whole(steps="):
+                name = "hasten.compile(model, steps=N), eager-or-whole rule"
             for n, v in r["time_to"].items():
-                by.setdefault(name, {})[n] = (v["s"], v["extrapolated"])
+                by.setdefault(name, {}).setdefault(n, []).append(
+                    (v["s"], v["extrapolated"], r.get("round", 0))
+                )
             cum = r["cum_s"]
             if len(cum) > data["tail"]:
                 tail = [b - a for a, b in itertools.pairwise(cum)][-data["tail"] :]
-                steady[name] = tail  # steps=N: the longest run's
+                steady[name] = tail  # steps=N: the longest run's (the last round's)
         for name, figs in by.items():
             cells = []
             for n in ns:
                 if n not in figs:
                     cells.append("—")
                     continue
-                t, extra = figs[n]
+                t = statistics.median(f[0] for f in figs[n])
+                extra = any(f[1] for f in figs[n])
                 ratios = []
                 for peer in ("eager", "torch.compile") if name.startswith("hasten") else ("eager",):
-                    ref = ref_of.get((peer, cache), {}).get(n)
-                    if ref:
-                        ratios.append(f"{ref['s'] / t:.2f}×")
+                    per = [
+                        ref[n]["s"] / s
+                        for s, _, k in figs[n]
+                        if (ref := ref_of.get((peer, cache, k), {})).get(n)
+                    ]
+                    if len(per) == 1:
+                        ratios.append(f"{per[0]:.2f}×")
+                    elif per:
+                        ratios.append(
+                            f"{statistics.median(per):.2f}× [{min(per):.2f}, {max(per):.2f}]"
+                        )
                 cells.append(f"{t:.1f}{'*' if extra else ''} ({', '.join(ratios)})")
             tail = steady.get(name)
             if tail:
@@ -242,11 +257,17 @@ def _whole_run(data: dict) -> str:
             rows.append([cache, name, *cells])
     headers = ["cache", "candidate", *[f"to step {n} s" for n in ns], "steady ms [p20, p80]"]
     shape = f"batch {data.get('batch') or 'default'}, seq {data.get('seq') or 'default'}"
+    several = (
+        f" {rounds} interleaved rounds, each on new caches: a time is the rounds' median, a ratio "
+        "the median of the per-round ratios [their range]."
+        if rounds > 1
+        else ""
+    )
     head = (
         f"**{data['model']} {data['size']}** ({shape}); each run a new process, candidates "
         f"interleaved; measured up to step {data['measure']}, `*` extrapolated from the median "
         f"of the last {data['tail']} measured steps. In brackets: eager's time / the "
-        "candidate's (and, for hasten, torch.compile's / hasten's); >1 means faster.\n"
+        f"candidate's (and, for hasten, torch.compile's / hasten's); >1 means faster.{several}\n"
     )
     return head + "\n" + format_table(headers, rows, markdown=True)
 

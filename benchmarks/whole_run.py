@@ -24,11 +24,25 @@ Candidates (the label says exactly what runs):
 * ``hasten(steps=N)``: ``hasten.compile(model, steps=N)`` (default ``regions="auto"``: the
   compile plan), ``AdamW`` as a user writes it (hasten fuses its step by default).
 * ``hasten(no hint)``: ``hasten.compile(model)`` with no run length (the ski-rental rule).
+* ``hasten-eager-or-whole(steps=N)``: as ``hasten(steps=N)``, with the plan's blocks choice
+  switched off in the child (``regions.repeated_blocks`` patched to find none for the plan):
+  the rule before the plan weighed blocks, eager or the whole model only. Only with
+  ``--old-rule``.
+* ``hasten(regions=whole)``: ``hasten.compile(model, regions="whole")``: the whole model
+  compiled at the first call, no plan. Only with ``--old-rule``.
+
+``--rounds R`` repeats the whole interleaved sequence R times, each round on new cold cache
+directories, so per-round ratios (eager's time / the candidate's in the same round) can be
+taken; the record keeps every run with its round.
 
 Usage::
 
     python benchmarks/whole_run.py --model gpt2 --size base --batch 1 --seq 128 \\
         --ns 10,50,200,1000 --measure 60 --out benchmarks/results/compile-whole-run-gpt2.json
+    python benchmarks/whole_run.py --model bert --size base --batch 1 --seq 128 --ns 300 \\
+        --old-rule --caches cold --rounds 3 --measure 60 --tail 20 \\
+        --candidates "eager,hasten(steps=300),hasten-eager-or-whole(steps=300),hasten(regions=whole)" \\
+        --out benchmarks/results/compile-whole-run-bert-blocks.json
     python benchmarks/render.py   # tables from the results
 """
 
@@ -38,6 +52,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -87,11 +102,26 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     cand = args.child
     t0 = time.perf_counter()
     fused = False
+    said: list[str] = []  # hasten's log lines (the plan's decisions), for the record
     if cand.startswith("hasten"):
+        import logging
+
         import hasten
 
-        steps = None if cand == "hasten(no hint)" else int(cand.split("=")[1].rstrip(")"))
-        model = hasten.compile(model, steps=steps)
+        class Keep(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                said.append(record.getMessage())
+
+        logging.getLogger("hasten").addHandler(Keep())
+        logging.getLogger("hasten").setLevel(logging.INFO)
+        if cand.startswith("hasten-eager-or-whole"):  # the plan offers no blocks: the old rule
+            from hasten.compiler import regions
+
+            regions.repeated_blocks = lambda model, min_count=2: []
+        if cand == "hasten(regions=whole)":
+            model = hasten.compile(model, regions="whole")
+        else:
+            model = hasten.compile(model, steps=_steps_of(cand))
     elif cand.startswith("torch.compile"):
         model = torch.compile(model)
         fused = cand.endswith("+fused")
@@ -118,8 +148,15 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
         rep = compile_report(model)
         out["compile_seconds"] = rep.compile_seconds
+        out["hasten_log"] = said
         out["report"] = str(rep)[:2000]
     return out
+
+
+def _steps_of(cand: str) -> int | None:
+    """The run length a hasten candidate is told (``None``: no hint)."""
+    m = re.match(r"hasten[a-z-]*\(steps=(\d+)\)", cand)
+    return int(m.group(1)) if m else None
 
 
 def time_to(cum: list[float], n: int, tail: int) -> tuple[float, bool]:
@@ -174,6 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--candidates", default="", help="comma list (default: all)")
     p.add_argument("--caches", default="cold,warm")
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--rounds", type=int, default=1, help="interleaved sequences, new caches each")
+    p.add_argument(
+        "--old-rule",
+        action="store_true",
+        help="add hasten-eager-or-whole(steps=N), the plan without its blocks choice, and "
+        "hasten(regions=whole)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.child:
@@ -184,28 +228,34 @@ def main(argv: list[str] | None = None) -> int:
 
     ns = [int(n) for n in args.ns.split(",")]
     cands = [*PEERS, *(f"hasten(steps={n})" for n in ns), "hasten(no hint)"]
+    if args.old_rule:
+        cands += [f"hasten-eager-or-whole(steps={n})" for n in ns] + ["hasten(regions=whole)"]
     if args.candidates:
         cands = [c for c in cands if c in args.candidates.split(",")]
     caches = args.caches.split(",")
-    dirs = {c: tempfile.mkdtemp(prefix="hasten-whole-run-") for c in cands}
     stamp_before = machine_stamp()
     runs: list[dict[str, Any]] = []
-    for cache in caches:  # every candidate cold first, then warm on its own directory
-        for cand in cands:
-            n_here = int(cand.split("=")[1].rstrip(")")) if "steps=" in cand else max(ns)
-            run_steps = min(n_here, args.measure)
-            rec = _run_child(args, cand, run_steps, dirs[cand])
-            rec.update(cache=cache, run_steps=run_steps)
-            if "cum_s" in rec:
-                rec["time_to"] = {}
-                for n in ns:
-                    if "steps=" in cand and n != n_here:
-                        continue  # told another length: not this run's figure
-                    t, extra = time_to(rec["cum_s"], n, args.tail)
-                    rec["time_to"][str(n)] = {"s": t, "extrapolated": extra}
-            runs.append(rec)
-            figs = {n: round(v["s"], 1) for n, v in rec.get("time_to", {}).items()}
-            print(f"{cache:4} {cand:22} {figs or rec.get('error', '')[-300:]}", flush=True)
+    for round_ in range(args.rounds):
+        dirs = {c: tempfile.mkdtemp(prefix="hasten-whole-run-") for c in cands}
+        for cache in caches:  # every candidate cold first, then warm on its own directory
+            for cand in cands:
+                told = _steps_of(cand)
+                run_steps = min(told or max(ns), args.measure)
+                rec = _run_child(args, cand, run_steps, dirs[cand])
+                rec.update(cache=cache, run_steps=run_steps, round=round_)
+                if "cum_s" in rec:
+                    rec["time_to"] = {}
+                    for n in ns:
+                        if told is not None and n != told:
+                            continue  # told another length: not this run's figure
+                        t, extra = time_to(rec["cum_s"], n, args.tail)
+                        rec["time_to"][str(n)] = {"s": t, "extrapolated": extra}
+                runs.append(rec)
+                figs = {n: round(v["s"], 1) for n, v in rec.get("time_to", {}).items()}
+                print(
+                    f"{round_} {cache:4} {cand:34} {figs or rec.get('error', '')[-300:]}",
+                    flush=True,
+                )
     result = {
         "kind": "hasten.whole_run",
         "model": args.model,
@@ -215,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         "ns": ns,
         "measure": args.measure,
         "tail": args.tail,
+        "rounds": args.rounds,
+        "command": " ".join(sys.argv),
         "runs": runs,
         "machine": stamp_before,
         "load_after": os.getloadavg(),

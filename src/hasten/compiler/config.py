@@ -166,8 +166,10 @@ class CompileConfig:
     by all of them; the code around the blocks (embeddings, final norm, head, loss) runs
     eagerly. Cold compile time then stops growing with depth. ``"auto"`` (default): the whole
     model, compiled when the run pays for it (:mod:`hasten.compiler.plan`): with ``steps`` known,
-    only if the steps left save more than the compile costs; otherwise once the run has spent a
-    compile's worth of time eagerly; and back to eager if the compiled step measures slower.
+    only if the steps left save more than the compile costs, and for a model with repeated
+    blocks the cheapest of eager, blocks and whole by the run's expected total time (blocks win
+    medium runs); otherwise once the run has spent a compile's worth of time eagerly; and back
+    to eager if the compiled step measures slower.
     Under ``torch.distributed`` "auto" compiles at the first call, as "whole". FSDP2 models are
     always compiled by unit."""
 

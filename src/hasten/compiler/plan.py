@@ -17,10 +17,36 @@ evaluation, scoring) from what it can know:
       steps_left * eager_step * gain  >  expected_compile
 
   and otherwise runs the whole run eagerly, saying so once.
+* **Eager, blocks or whole**: where the region has repeated blocks (``regions.repeated_blocks``:
+  a transformer's layers; not under FSDP2, and not while a Transformers model builds a training
+  KV cache, which would recompile a shared block per layer), the training variant's
+  known-length decision is three-way, by the expected total time of the steps left::
+
+      eager   steps_left * step
+      blocks  BLOCKS_COMPILE_SHARE * compile + steps_left * step * (1 - BLOCKS_GAIN_SHARE * gain)
+      whole   compile + steps_left * step * (1 - gain)
+
+  the cheapest wins (a tie goes to the cheaper start), in one log line with the three totals.
+  Block mode's cold compile measured 0.35-0.36 of the whole model's and its saving 0.3-1.4x of
+  the whole model's, ~0.57 in the middle (the constants say where), so with ``N*`` whole's
+  break-even it wins medium runs: about 0.72 ``N*`` to 1.28 ``N*`` steps with these priors (the
+  lower bound is ``BLOCKS_COMPILE_SHARE / BLOCKS_GAIN_SHARE``, the upper one
+  ``(1 - BLOCKS_COMPILE_SHARE) / (1 - BLOCKS_GAIN_SHARE)``). Choosing blocks installs
+  the block regions (as ``regions="blocks"`` does, glue eager) and the region then runs eagerly
+  for good, calling them; its plan goes on timing the steps, so blocks measured slower go back
+  to eager. The other variants (evaluation, scoring) then compile by block too, but only by
+  the plan's rule (ski-rental at their gain, scaled the same way), never because of the switch.
+  The blocks' compile and gain measured here are kept apart from the whole region's; blocks
+  are no choice when the whole region's kernels are cached here (a warm whole compile, 6.5 s
+  on GPT-2 124M, costs less than a cold block compile, 10.5 s, and saves at least as much).
 * **The length is not known** (a plain loop): the ski-rental rule. The variant runs eagerly
   until the time spent in it eagerly reaches the compile's expected cost, then compiles. A run
   shorter than one compile never compiles (it stays as fast as eager); a long one loses at most
-  one compile's worth of eager time, so it is within 2x of the best choice in hindsight. Rare
+  one compile's worth of eager time, so it is within 2x of the best choice in hindsight. This
+  path chooses between eager and whole only: a run whose length is unknown cannot tell a medium
+  run, where blocks pay, from a long one, where block mode's slower step (GPT-2 124M: 2032 against
+  1841 ms) costs more than its cheaper compile saved; rent-then-blocks-then-whole would pay two
+  compiles and needs a swap from blocks to the whole model mid-run, which is not built. Rare
   variants (an evaluation every few hundred steps, the sifting scorer) count their own eager
   time, and rent at their gain: they compile once ``eager_time * gain`` reaches a compile's
   cost, the break-even point, so a run that ends there is within ``1 + gain`` of the best
@@ -63,16 +89,20 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from torch import nn
 
 __all__ = [
+    "BLOCKS_COMPILE_SHARE",
+    "BLOCKS_GAIN_SHARE",
     "FORWARD_ONLY_SHARE",
     "MIN_GAIN",
     "PER_MODULE_S",
     "PRIOR_GAIN",
     "PRIOR_S",
+    "BlockPlan",
+    "BlockSwitch",
     "Plan",
     "VariantPlan",
     "applies",
@@ -91,6 +121,20 @@ CACHED_BACKEND_SAVES = 0.9  # of the backend's seconds, when its kernels are cac
 FORWARD_ONLY_SHARE = 0.35  # an evaluation variant's compile (forward only) against a training
 # one's, before either was measured: BERT-base 17.3 of 50.3 s (0.34) on 2 Xeon cores
 MIN_GAIN = 0.03  # a variant measured here to save less than this stays eager (ski-rental)
+# Block mode (each repeated block compiled once, shared; the glue eager) against the whole
+# model, measured on 2 Intel Xeon cores, fp32, batch 2 x 256 (benchmarks/results/
+# compile-cpu-base.json): a cold first call took 10.5 of 29.0 s on GPT-2 124M, 9.5 of 26.8 on
+# BERT-base, 9.1 of 25.3 on the Llama-style decoder (0.36, 0.35, 0.36)
+BLOCKS_COMPILE_SHARE = 0.36
+# and its steady saving over eager, as a share of the whole model's: GPT-2 124M 0.45 (2191 /
+# 2032 / 1841 ms eager / blocks / whole, compile-regions-base.json), GPT-2 4x256 0.52 (236 /
+# 212 / 190 ms, compile-regions-small.json); in compile-cpu-base.json's five rounds, per-round
+# speed-up medians 0.63 (GPT-2), 1.4 (BERT), 1.0 (Llama), step medians 0.33 / 0.90 / 0.28
+# (within the rounds' spread). The middle is ~0.57; rounded down, as PRIOR_GAIN is a low end.
+# Below it: BERT-base at batch 1 x 128 on 2 AMD EPYC cores, ~0.1-0.2 (block-compiled step 0.62 s,
+# eager 0.63, whole 0.51-0.54; compile-whole-run-bert-blocks.json): small batches, where the
+# 24 block graph calls a step weigh more. A run learns the blocks' own gain for the next one.
+BLOCKS_GAIN_SHARE = 0.5
 _CHECK_CALLS = 5  # compiled calls timed before comparing with eager
 _TIMED_STEPS = 2  # eager steps timed, at least, before a known-length plan decides
 _SETTLE_STEPS = 4  # and at least this many where the run allows (steps // 20): GPT-2 124M's
@@ -130,7 +174,26 @@ class VariantPlan:
     source: str = "estimated"  # where that figure comes from
     gain: float = PRIOR_GAIN  # the share of a call compiling is expected to save
     measured_gain: bool = False  # ``gain`` was measured here before (not the prior)
+    cached: bool = False  # ``expected_s`` counts on the kernels cached by an earlier compile
     grad_steps_at_compile: int | None = None  # training calls made when it compiled
+    regions: str = "whole"  # what compiles: the whole region, or its repeated "blocks"
+
+
+_COMPILED = ("compiled", "blocks")  # the states that run compiled code: the region's or blocks'
+
+
+class BlockSwitch(Protocol):
+    """The repeated blocks of a region, which its plan may choose to compile instead of the
+    whole region (given by :func:`hasten.compiler.regions.install`)."""
+
+    def available(self) -> bool:
+        """Whether compiling by block is a choice now (not when a training KV cache, indexed by
+        layer, would recompile a shared block per layer)."""
+        ...
+
+    def install(self, plan: BlockPlan) -> None:
+        """Install the block regions, each deciding by ``plan`` which variants run compiled."""
+        ...
 
 
 class Plan:
@@ -142,6 +205,7 @@ class Plan:
         prior_s: The expected compile seconds when the history knows nothing.
         steps: The run's expected number of training calls, or ``None``.
         history_dir: Where ``hasten-plan.json`` lives (the compile cache directory).
+        blocks: The region's repeated blocks, when compiling them instead is a choice.
     """
 
     def __init__(
@@ -151,6 +215,7 @@ class Plan:
         prior_s: float,
         steps: int | None,
         history_dir: str | None,
+        blocks: BlockSwitch | None = None,
     ) -> None:
         self.key = key
         self.label = label
@@ -160,6 +225,8 @@ class Plan:
         self.history = _read_history(history_dir)
         self.variants: dict[str, VariantPlan] = {}
         self.notes: list[str] = []
+        self.blocks = blocks
+        self.by_block = False  # the plan chose the blocks: every variant compiles by block
 
     def variant(self, variant: str, grad: bool = True) -> VariantPlan:
         """The plan of one variant, made at its first call from the history of that variant
@@ -168,13 +235,16 @@ class Plan:
         if v is None:
             known = self.history.get(history_key(self.key, variant), {})
             prior = self.prior_s if grad else FORWARD_ONLY_SHARE * self.prior_s
-            expected, source = _expected_compile(known, prior)
+            expected, source, cached = _expected_compile(known, prior)
             v = self.variants[variant] = VariantPlan(
                 expected_s=expected,
                 source=source,
                 gain=float(known.get("gain", PRIOR_GAIN)),
                 measured_gain="gain" in known,
+                cached=cached,
             )
+            if self.by_block:
+                self._by_block(variant, v)
         return v
 
     def compile_now(self, variant: str, grad: bool) -> bool:
@@ -187,14 +257,14 @@ class Plan:
         v.last_start = now if grad else None
         if v.state == "eager":
             v.state = self._decide(variant, v, grad)
-            if v.state == "compiled":
+            if v.state in _COMPILED:
                 v.grad_steps_at_compile = v.calls - 1 if grad else None
-        return v.state == "compiled"
+        return v.state == "compiled"  # "blocks": the region runs eagerly, its blocks compiled
 
     def finished(self, variant: str, grad: bool, started: float, compiled_now: bool) -> None:
         """Called after a call of ``variant``; ``compiled_now``: this call compiled."""
         v = self.variants[variant]
-        v.last_was_compiled = v.state == "compiled"
+        v.last_was_compiled = v.state in _COMPILED
         v.last_compiled_now = compiled_now
         if not grad:  # an evaluation or scoring call: its own duration is its cost
             self._account(variant, time.perf_counter() - started)
@@ -209,7 +279,7 @@ class Plan:
         values = {"compile_s": round(seconds, 3)}
         if backend_s is not None:
             values["backend_s"] = round(min(max(backend_s, 0.0), seconds), 3)
-        _update_history(self.history_dir, history_key(self.key, variant), values)
+        _update_history(self.history_dir, history_key(self.key, variant, v.regions), values)
 
     def odd_size_pays(self, variant: str, fraction: float, calls: int) -> bool:
         """Whether ``calls`` calls of another batch size (``fraction`` of a compiled call's
@@ -235,7 +305,10 @@ class Plan:
             v.eager_times = [*v.eager_times, seconds][-16:]
 
     def _decide(self, variant: str, v: VariantPlan, grad: bool) -> str:
-        gain = f"~{v.gain:.0%} saved" + (" (measured here before)" if v.measured_gain else "")
+        gain = _gain_text(v.gain, v.measured_gain)
+        # what compiling means for this variant: the region's code, or its blocks' once the
+        # plan chose them (the region then runs eagerly, calling its compiled blocks)
+        compiled, what = ("blocks", " by block") if v.regions == "blocks" else ("compiled", "")
         if self.steps is not None and grad:
             if not self._timed_enough(v.eager_times):
                 if v.calls == 1:
@@ -247,14 +320,17 @@ class Plan:
                 return "eager"
             left = max(self.steps - v.calls + 1, 0)
             step = min(v.eager_times)  # a first call's one-off costs are no step's
+            blocks = self._blocks_choice(variant, v)
+            if blocks is not None and self.blocks is not None:
+                return self._three_way(variant, v, left, step, blocks, self.blocks)
             saved = left * step * v.gain
             if saved > v.expected_s:
                 self._note(
-                    f"{self.label} ({variant}): compiling: {left} steps left x {step:.2f} s at "
-                    f"{gain} is ~{saved:.0f} s, more than the ~{v.expected_s:.0f} s a compile "
+                    f"{self.label} ({variant}): compiling{what}: {left} steps left x {step:.2f} s "
+                    f"at {gain} is ~{saved:.0f} s, more than the ~{v.expected_s:.0f} s a compile "
                     "is expected to take"
                 )
-                return "compiled"
+                return compiled
             self._note(
                 f"{self.label} ({variant}): runs eagerly for this run: {left} steps left x "
                 f"{step:.2f} s at {gain} would save ~{saved:.0f} s, less than the "
@@ -264,7 +340,7 @@ class Plan:
             return "eager_for_good"
         if v.measured_gain and v.gain < MIN_GAIN:
             self._note(
-                f"{self.label} ({variant}): runs eagerly: compiled, it measured "
+                f"{self.label} ({variant}): runs eagerly: compiled{what}, it measured "
                 f"{'no faster' if v.gain <= 0 else f'only {v.gain:.0%} faster'} than eager here "
                 "before (regions='whole' compiles anyway)"
             )
@@ -274,7 +350,7 @@ class Plan:
         if rent >= v.expected_s:
             spent = f"{v.eager_s:.1f} s spent eagerly in {v.calls - 1} calls"
             self._note(
-                f"{self.label} ({variant}): compiling now: "
+                f"{self.label} ({variant}): compiling{what} now: "
                 + (
                     f"{spent} reached"
                     if grad
@@ -282,7 +358,7 @@ class Plan:
                 )
                 + f" the ~{v.expected_s:.0f} s a compile is expected to take"
             )
-            return "compiled"
+            return compiled
         if v.calls == 1:
             until = (
                 "spent that long eagerly"
@@ -291,12 +367,92 @@ class Plan:
                 "what compiling would have saved by then pays for it)"
             )
             self._note(
-                f"{self.label} ({variant}): starts eagerly: a compile is expected to take "
+                f"{self.label} ({variant}): starts eagerly: a compile{what} is expected to take "
                 f"~{v.expected_s:.0f} s ({v.source}), so it compiles once this variant has "
                 f"{until} (hasten.compile(model, steps=N) plans for a known run "
                 "length; regions='whole' compiles at once)"
             )
         return "eager"
+
+    def _blocks_choice(self, variant: str, v: VariantPlan) -> _Figures | None:
+        """What compiling ``variant`` by block is expected to cost and save, when it is a choice
+        beside eager and the whole region: the region has repeated blocks that can be compiled
+        (:class:`BlockSwitch`), and the whole region's kernels are not cached here already (a
+        cached whole compile, GPT-2 124M 6.5 s warm, costs less than a cold block compile,
+        10.5 s, and saves at least as much)."""
+        if self.blocks is None or self.by_block or v.regions != "whole":
+            return None
+        if v.cached and "compile_s" not in self._blocks_entry(variant):
+            return None
+        return self._blocks_figures(variant, v) if self.blocks.available() else None
+
+    def _blocks_entry(self, variant: str) -> dict[str, float]:
+        return self.history.get(history_key(self.key, variant, "blocks"), {})
+
+    def _blocks_figures(self, variant: str, v: VariantPlan) -> _Figures:
+        """Compiling ``variant`` by block: its compile and gain measured here before, else the
+        whole region's scaled by ``BLOCKS_COMPILE_SHARE`` and ``BLOCKS_GAIN_SHARE``."""
+        known = self._blocks_entry(variant)
+        if "compile_s" in known:
+            expected, source, _ = _expected_compile(known, 0.0)
+        else:
+            expected = BLOCKS_COMPILE_SHARE * v.expected_s
+            source = f"{BLOCKS_COMPILE_SHARE:.2f} x the whole model's"
+        if "gain" in known:
+            return _Figures(expected, source, float(known["gain"]), True)
+        return _Figures(expected, source, BLOCKS_GAIN_SHARE * v.gain, False)
+
+    def _three_way(
+        self,
+        variant: str,
+        v: VariantPlan,
+        left: int,
+        step: float,
+        blocks: _Figures,
+        switch: BlockSwitch,
+    ) -> str:
+        """Choose the cheapest of eager, blocks and whole for the ``left`` steps of ``step``
+        seconds eagerly: a compile's expected seconds plus the steps at the share it saves."""
+        totals = {  # in this order: a tie goes to the cheaper start
+            "eager": left * step,
+            "blocks": blocks.expected_s + left * step * (1.0 - blocks.gain),
+            "whole": v.expected_s + left * step * (1.0 - v.gain),
+        }
+        choice = min(totals, key=lambda k: totals[k])
+        said = {
+            "eager": "runs eagerly for this run",
+            "blocks": "compiling by block (each repeated block compiled once and shared, the "
+            "code around them eager; other variants compile by block too, once their share of "
+            "the run pays)",
+            "whole": "compiling the whole model",
+        }[choice]
+        share = "" if blocks.measured_gain else f", {BLOCKS_GAIN_SHARE} x the whole model's"
+        self._note(
+            f"{self.label} ({variant}): {said}: expected totals over the {left} steps left: "
+            f"eager ~{totals['eager']:.0f} s ({step:.2f} s a step), blocks "
+            f"~{totals['blocks']:.0f} s (a ~{blocks.expected_s:.0f} s compile, "
+            f"{blocks.source}, at {_gain_text(blocks.gain, blocks.measured_gain)}{share}), "
+            f"whole ~{totals['whole']:.0f} s (a ~{v.expected_s:.0f} s compile, {v.source}, at "
+            f"{_gain_text(v.gain, v.measured_gain)})"
+            + (" (regions='blocks' or 'whole' compiles anyway)" if choice == "eager" else "")
+        )
+        if choice == "eager":
+            return "eager_for_good"
+        if choice == "whole":
+            return "compiled"
+        self.by_block = True
+        for name, other in self.variants.items():
+            if other.state == "eager":  # this one, and those still deciding
+                self._by_block(name, other)
+        switch.install(BlockPlan(self))
+        return "blocks"
+
+    def _by_block(self, variant: str, v: VariantPlan) -> None:
+        """From now on compiling ``variant`` means compiling the region's blocks."""
+        figures = self._blocks_figures(variant, v)
+        v.regions = "blocks"
+        v.expected_s, v.source = figures.expected_s, figures.source
+        v.gain, v.measured_gain = figures.gain, figures.measured_gain
 
     def _timed_enough(self, times: list[float]) -> bool:
         """Whether the eager steps timed so far tell what a step costs.
@@ -324,20 +480,25 @@ class Plan:
         compiled = statistics.median(v.compiled_times)
         gain = 1.0 - compiled / eager if eager > 0 else 0.0
         _update_history(
-            self.history_dir, history_key(self.key, variant), {"gain": round(max(gain, 0.0), 3)}
+            self.history_dir,
+            history_key(self.key, variant, v.regions),
+            {"gain": round(max(gain, 0.0), 3)},
         )
         measured = (
             f"{compiled * 1e3:.1f} vs {eager * 1e3:.1f} ms eagerly, medians; the next run in "
             "this cache plans with that"
         )
+        what = " by block" if v.regions == "blocks" else ""
         if compiled >= eager:
             v.state = "eager_for_good"
             self._note(
-                f"{self.label} ({variant}): the compiled call measured slower than eager "
+                f"{self.label} ({variant}): the call compiled{what} measured slower than eager "
                 f"({measured}), so it runs eagerly from now on"
             )
             return
-        line = f"{self.label} ({variant}): compiled, a call takes {gain:.0%} less ({measured})"
+        line = (
+            f"{self.label} ({variant}): compiled{what}, a call takes {gain:.0%} less ({measured})"
+        )
         if self.steps is not None and v.grad_steps_at_compile is not None:
             left = max(self.steps - v.grad_steps_at_compile, 0)
             saved = left * (eager - compiled)
@@ -370,11 +531,12 @@ def plan_key(module: nn.Module, config: Any) -> str:
     return f"{type(module).__name__}-{hashlib.sha1(text.encode()).hexdigest()[:16]}"
 
 
-def history_key(key: str, variant: str) -> str:
+def history_key(key: str, variant: str, regions: str = "whole") -> str:
     """A variant's entry in ``hasten-plan.json``: each variant compiles its own graph, at its
     own cost and gain (BERT-base: training 50.3 s at ~3 % saved, evaluation 17.3 s and slower
-    compiled; one shared entry let the evaluation's figures replace the training's)."""
-    return f"{key}/{variant}"
+    compiled; one shared entry let the evaluation's figures replace the training's); compiled by
+    block (``regions="blocks"``), an entry of its own too."""
+    return f"{key}/{variant}" + ("" if regions == "whole" else f"/{regions}")
 
 
 def prior_seconds(module: nn.Module) -> float:
@@ -382,16 +544,57 @@ def prior_seconds(module: nn.Module) -> float:
     return PRIOR_S + PER_MODULE_S * sum(1 for _ in module.modules())
 
 
-def _expected_compile(known: dict[str, float], prior_s: float) -> tuple[float, str]:
-    """The expected compile seconds from the history's entry, and where that figure comes from."""
+def _expected_compile(known: dict[str, float], prior_s: float) -> tuple[float, str, bool]:
+    """The expected compile seconds from the history's entry, where that figure comes from, and
+    whether it counts on kernels cached here by that compile."""
     if "compile_s" not in known:
-        return prior_s, "estimated"
+        return prior_s, "estimated", False
     seconds = float(known["compile_s"])
     backend = known.get("backend_s")
     if backend is None or os.environ.get("TORCHINDUCTOR_FX_GRAPH_CACHE") == "0":
-        return seconds, "measured here before"
+        return seconds, "measured here before", False
     cached = seconds - CACHED_BACKEND_SAVES * float(backend)
-    return cached, f"{seconds:.0f} s measured here before, less its kernels now cached"
+    return cached, f"{seconds:.0f} s measured here before, less its kernels now cached", True
+
+
+def _gain_text(gain: float, measured: bool) -> str:
+    return f"~{gain:.0%} saved" + (" (measured here before)" if measured else "")
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """What compiling a variant one way is expected to cost (seconds) and save (a share)."""
+
+    expected_s: float
+    source: str
+    gain: float
+    measured_gain: bool
+
+
+class BlockPlan:
+    """The plan of the block regions a :class:`Plan` chose (:meth:`Plan._three_way`): a block
+    runs a variant compiled while the region's plan has that variant compiling by block. The
+    region's plan does the timing (its calls run eagerly and call the blocks), so a variant
+    measured slower by block goes back to eager in the blocks too, and evaluation or scoring
+    variants compile by block only once their share of the run pays, by the plan's rule."""
+
+    def __init__(self, root: Plan) -> None:
+        self.root = root
+
+    def compile_now(self, variant: str, grad: bool) -> bool:
+        v = self.root.variants.get(variant)
+        return v is not None and v.state == "blocks"
+
+    def finished(self, variant: str, grad: bool, started: float, compiled_now: bool) -> None:
+        """Nothing to do: the region's plan times the calls around the blocks'."""
+
+    def compiled_seconds(
+        self, variant: str, seconds: float, backend_s: float | None = None
+    ) -> None:
+        """Nothing to do: the region's plan learns the blocks' compile from its own call."""
+
+    def odd_size_pays(self, variant: str, fraction: float, calls: int) -> bool:
+        return self.root.odd_size_pays(variant, fraction, calls)
 
 
 def _read_history(folder: str | None) -> dict[str, dict[str, float]]:

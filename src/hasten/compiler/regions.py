@@ -16,6 +16,9 @@ For such a model hasten compiles, as torchtitan does by hand:
 With ``regions="blocks"`` the repeated blocks are the regions (:func:`repeated_blocks`) and the
 code around them runs eagerly, unless ``CompileConfig.glue`` compiles its submodules
 (``"modules"``) or a Transformers loss function (``"loss"``, :class:`EagerGlue`) too.
+With ``regions="auto"`` the model's call is the region, and its compile plan
+(:mod:`hasten.compiler.plan`) may choose the repeated blocks instead for a run whose length
+makes them the cheapest choice: they are installed then (``_PlannedBlocks``), glue eager.
 
 Modules of one class with the same parameter shapes share one :class:`CompiledCode`, so a stack
 of identical blocks is traced and compiled once (TorchDynamo's parameters are graph inputs). The
@@ -34,6 +37,7 @@ from torch import nn
 
 from hasten.compiler.config import CompileConfig
 from hasten.compiler.hooks import nn as nn_hooks
+from hasten.compiler.plan import BlockPlan
 from hasten.compiler.plan import applies as plan_applies
 from hasten.compiler.report import CompileRecord
 from hasten.compiler.runtime import CompiledCode, CompiledForward, Kind
@@ -70,26 +74,7 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
         if loss_fn is not None:
             loss_code = CompiledCode("loss_function", "call", config, record, device, torch.float32)
             nn_hooks.set_compiled_call(module, EagerGlue(module, loss_code, loss_fn))
-        codes: dict[tuple[object, ...], CompiledCode] = {}
-        served: dict[tuple[object, ...], int] = {}
-        labels: dict[str, int] = {}
-        for sub, kind in regions:
-            key = _signature(sub, kind) + ((id(sub),) if own else ())
-            served[key] = served.get(key, 0) + 1
-            shared = codes.get(key)
-            if shared is None:
-                name = type(sub).__name__
-                labels[name] = labels.get(name, 0) + 1
-                label = name if labels[name] == 1 else f"{name}{labels[name]}"
-                shared = codes[key] = CompiledCode(
-                    label, kind, config, record, device, _dtype_of(sub)
-                )
-                # FSDP2's parameters are sharded outside the unit's forward: its gradients
-                # cannot be taken by parameter there, so its regions are not checked
-                shared.verify = shared.verify and not fsdp
-            nn_hooks.set_compiled_call(sub, CompiledForward(sub, shared))
-        for key, shared in codes.items():
-            shared.shared_by = served[key]  # for its compile log line
+        codes, served = _install_regions(regions, config, record, device, own, fsdp)
         note = (
             _fsdp_note(regions, len(codes))
             if fsdp
@@ -108,18 +93,80 @@ def install(model: nn.Module, config: CompileConfig, record: CompileRecord, devi
     nn_hooks.set_compiled_call(model, CompiledForward(model, code, on_first_call=plan))
 
 
+def _install_regions(
+    regions: list[tuple[nn.Module, Kind]],
+    config: CompileConfig,
+    record: CompileRecord,
+    device: str,
+    own: bool,
+    fsdp: bool,
+) -> tuple[dict[tuple[object, ...], CompiledCode], dict[tuple[object, ...], int]]:
+    """Install a compiled call on each region, modules of one signature sharing one
+    :class:`CompiledCode` (unless ``own``); the codes, and how many modules each serves."""
+    codes: dict[tuple[object, ...], CompiledCode] = {}
+    served: dict[tuple[object, ...], int] = {}
+    labels: dict[str, int] = {}
+    for sub, kind in regions:
+        key = _signature(sub, kind) + ((id(sub),) if own else ())
+        served[key] = served.get(key, 0) + 1
+        shared = codes.get(key)
+        if shared is None:
+            name = type(sub).__name__
+            labels[name] = labels.get(name, 0) + 1
+            label = name if labels[name] == 1 else f"{name}{labels[name]}"
+            shared = codes[key] = CompiledCode(label, kind, config, record, device, _dtype_of(sub))
+            # FSDP2's parameters are sharded outside the unit's forward: its gradients
+            # cannot be taken by parameter there, so its regions are not checked
+            shared.verify = shared.verify and not fsdp
+        nn_hooks.set_compiled_call(sub, CompiledForward(sub, shared))
+    for key, shared in codes.items():
+        shared.shared_by = served[key]  # for its compile log line
+    return codes, served
+
+
 def _plan(code: CompiledCode, module: nn.Module, config: CompileConfig) -> None:
-    """Give ``code`` the compile plan of ``regions="auto"`` (see :func:`plan.applies`)."""
+    """Give ``code`` the compile plan of ``regions="auto"`` (see :func:`plan.applies`), with
+    the module's repeated blocks as a choice when it has some."""
     from hasten.compiler import cache
     from hasten.compiler.plan import Plan, plan_key, prior_seconds
 
+    blocks = repeated_blocks(module)
     code.plan = Plan(
         plan_key(module, config),
         code.label,
         prior_seconds(module),
         config.steps,
         cache.cache_dir(config.cache_dir),
+        blocks=_PlannedBlocks(module, blocks, code) if blocks else None,
     )
+
+
+class _PlannedBlocks:
+    """The repeated blocks of a model under the compile plan (a ``plan.BlockSwitch``): installed
+    when the plan chooses them, as ``regions="blocks"`` installs them at the first call, except
+    that the model's own call keeps its compiled call, which runs eagerly under the plan (so the
+    plan goes on timing the steps) and calls the compiled blocks."""
+
+    def __init__(self, model: nn.Module, blocks: list[nn.Module], code: CompiledCode) -> None:
+        self.model = model
+        self.blocks = blocks
+        self.code = code
+
+    def available(self) -> bool:
+        # a training KV cache indexed by layer would recompile a shared block once per layer
+        return not builds_kv_cache(self.model)
+
+    def install(self, plan: BlockPlan) -> None:
+        code = self.code
+        regions: list[tuple[nn.Module, Kind]] = [(b, "call") for b in self.blocks]
+        codes, served = _install_regions(
+            regions, code.config, code.record, code.device_type, own=False, fsdp=False
+        )
+        for shared in codes.values():
+            shared.plan = plan
+        note = _blocks_note(self.model, codes, served, "auto", own=False, loss=False)
+        with code.record.lock:
+            code.record.fixes.append(note)
 
 
 def swappable_loss_function(model: nn.Module) -> Callable[..., Any] | None:
@@ -207,8 +254,8 @@ def plan_regions(
     units = fsdp_units(model)
     if units:
         return _fsdp_regions(model, units)
-    # "auto" is "whole": block mode's steady step measured slower than the whole model's
-    # (docs/compiler.md#regions-compiled-once-per-repeated-block), so it wins only short runs
+    # "auto" starts as "whole": its compile plan may install the blocks later (_PlannedBlocks),
+    # for a medium run (docs/compiler.md#the-compile-plan-compiled-only-when-the-run-pays)
     if regions != "blocks":
         return [(model, "call")]
     blocks = repeated_blocks(model)
@@ -356,4 +403,9 @@ def _blocks_note(
         if loss
         else "the code around the blocks (embeddings, final norm, head, loss) runs eagerly"
     )
-    return f"regions={regions!r}: compiled {type(model).__name__} by block ({shared}); {around}"
+    what = (
+        f"the compile plan chose to compile {type(model).__name__} by block for this run's length"
+        if regions == "auto"
+        else f"compiled {type(model).__name__} by block"
+    )
+    return f"regions={regions!r}: {what} ({shared}); {around}"

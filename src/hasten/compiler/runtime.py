@@ -166,7 +166,9 @@ class CompiledCode:
         self._eager_only: set[str] = set()
         self._backends: dict[str, list[HastenBackend]] = {}
         self._check_note = ""
-        self.plan: Any = None  # regions="auto": a hasten.compiler.plan.Plan, set at first call
+        # regions="auto": a hasten.compiler.plan.Plan, set at first call (a BlockPlan on the
+        # blocks that plan chose to compile)
+        self.plan: Any = None
 
     def _make(self, variant: str, config: CompileConfig, retry: str = "") -> Callable[..., Any]:
         """A compiled function of ``variant`` with ``config`` and a code object of its own
@@ -212,8 +214,14 @@ class CompiledCode:
         grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
         t0 = time.perf_counter()
         if not self.plan.compile_now(variant, grad):
+            calls, backend_before = self.record.backend_calls, self.record.backend_seconds
             out = self.eager(module, *args, **kwargs)
-            self.plan.finished(variant, grad, t0, False)
+            # the blocks the plan chose to compile (plan.BlockPlan) compile inside this call
+            inside = self.record.backend_calls != calls
+            if inside:
+                backend_s = self.record.backend_seconds - backend_before
+                self.plan.compiled_seconds(variant, time.perf_counter() - t0, backend_s)
+            self.plan.finished(variant, grad, t0, inside)
             return out
         first = variant not in self._ran
         if first and self.device_type == "cpu":

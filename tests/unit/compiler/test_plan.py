@@ -315,3 +315,258 @@ def test_a_compile_that_does_not_pay_back_says_so(clock, tmp_path):
     assert Plan("k", "Net", 59.0, 168, str(tmp_path)).variant("train_grad").gain == pytest.approx(
         0.03, abs=0.005
     )
+
+
+class FakeBlocks:
+    """A region's repeated blocks (plan.BlockSwitch) that records what the plan installs."""
+
+    def __init__(self, available: bool = True) -> None:
+        self.ok = available
+        self.installed: list[plan_mod.BlockPlan] = []
+
+    def available(self) -> bool:
+        return self.ok
+
+    def install(self, plan: plan_mod.BlockPlan) -> None:
+        self.installed.append(plan)
+
+
+def _decision(p: Plan) -> str:
+    return next(n for n in p.notes if "expected totals" in n)
+
+
+@pytest.mark.parametrize(
+    ("steps", "choice", "said"),
+    [
+        # a 30 s compile (prior), 1 s eager steps at the 20 % prior; blocks: 0.36 of the compile
+        # (10.8 s) at half the gain (10 %). Steps left at the decision: 57, 146, 396.
+        (60, "eager_for_good", "runs eagerly for this run"),  # eager 57 < blocks 62 < whole 76
+        (150, "blocks", "compiling by block"),  # blocks 142 < eager 146 < whole 147
+        (400, "compiled", "compiling the whole model"),  # whole 347 < blocks 367 < eager 396
+    ],
+)
+def test_a_known_run_chooses_the_cheapest_of_eager_blocks_and_whole(
+    clock, tmp_path, steps, choice, said
+):
+    blocks = FakeBlocks()
+    p = Plan("k", "Net", prior_s=30.0, steps=steps, history_dir=str(tmp_path), blocks=blocks)
+    while p.variants.get("train_grad") is None or p.variants["train_grad"].state == "eager":
+        _step(p, clock, 1.0)
+    assert p.variants["train_grad"].state == choice
+    line = _decision(p)
+    assert said in line and "eager ~" in line and "blocks ~" in line and "whole ~" in line, line
+    assert len(blocks.installed) == (choice == "blocks")
+    if choice == "blocks":  # the region runs eagerly from now on; its blocks run compiled
+        assert "eager ~146 s" in line and "blocks ~142 s" in line and "whole ~147 s" in line
+        assert _step(p, clock, 1.0) is False
+        assert blocks.installed[0].compile_now("train_grad", True)
+    # the priors are the documented ones: 0.36 of whole's compile, half its gain
+    assert "a ~11 s compile" in line and "~10% saved" in line
+
+
+@pytest.mark.parametrize("blocks", [None, FakeBlocks(available=False)])
+def test_without_repeated_blocks_to_compile_a_medium_run_never_goes_by_block(
+    clock, tmp_path, blocks
+):
+    # no repeated blocks (None), or blocks that a training KV cache would recompile per layer
+    p = Plan("k", "Net", prior_s=30.0, steps=150, history_dir=str(tmp_path), blocks=blocks)
+    got = [_step(p, clock, 1.0) for _ in range(150)]
+    assert not any(got)  # 146 x 1 s x 20 % ~ 29 s, less than the 30 s compile: eager
+    assert p.variants["train_grad"].state == "eager_for_good"
+    assert not any("expected totals" in n for n in p.notes)
+    assert any("runs eagerly for this run" in n for n in p.notes)
+
+
+def test_evaluation_compiles_by_block_only_once_its_share_pays(clock, tmp_path):
+    blocks = FakeBlocks()
+    p = Plan("k", "Net", prior_s=30.0, steps=150, history_dir=str(tmp_path), blocks=blocks)
+    _step(p, clock, 0.5, variant="eval_no_grad", grad=False)  # an evaluation before training
+    for _ in range(5):
+        _step(p, clock, 1.0)
+    assert p.variants["train_grad"].state == "blocks"
+    switch = blocks.installed[0]
+    ev = p.variants["eval_no_grad"]
+    # its compile by block: 0.36 of an evaluation compile (0.35 of 30 s), at half the prior gain
+    assert ev.regions == "blocks" and ev.state == "eager"
+    assert ev.expected_s == pytest.approx(0.36 * 0.35 * 30.0)
+    assert ev.gain == pytest.approx(0.1)
+    assert not switch.compile_now("eval_no_grad", False)
+    # ski-rental at its gain: 3.78 s of compile at 10 % pays after 37.8 s spent eagerly
+    evals = []
+    while ev.state == "eager" and len(evals) < 100:
+        evals.append(_step(p, clock, 0.5, variant="eval_no_grad", grad=False))
+    assert not any(evals)  # the region itself never compiles: its blocks do
+    assert ev.state == "blocks" and switch.compile_now("eval_no_grad", False)
+    assert ev.calls - 1 == 76  # 76 x 0.5 s = 38 s eagerly at 10 % ~ 3.8 s: the first >= 3.78
+    assert any("compiling by block now" in n for n in p.notes)
+    # a variant first seen after the switch compiles by block too
+    late = p.variant("eval_inference", grad=False)
+    assert late.regions == "blocks"
+
+
+def test_blocks_measured_slower_go_back_to_eager_and_the_next_run_knows(clock, tmp_path):
+    blocks = FakeBlocks()
+    p = Plan("k", "Net", prior_s=30.0, steps=150, history_dir=str(tmp_path), blocks=blocks)
+    for _ in range(5):
+        _step(p, clock, 1.0)
+    switch = blocks.installed[0]
+    assert switch.compile_now("train_grad", True)
+    # the step whose blocks compiled: the region's eager call saw a compile inside it
+    start = clock.now
+    clock.now += 12.0
+    p.compiled_seconds("train_grad", 12.0, backend_s=10.0)
+    p.finished("train_grad", True, start, compiled_now=True)
+    for _ in range(7):
+        _step(p, clock, 1.05)  # by block, a step measures 5 % slower than eagerly
+    assert p.variants["train_grad"].state == "eager_for_good"
+    assert not switch.compile_now("train_grad", True)
+    assert any("compiled by block measured slower" in n for n in p.notes)
+    # the blocks' figures are kept apart from the whole region's
+    again = Plan("k", "Net", 30.0, 150, str(tmp_path), blocks=FakeBlocks())
+    v = again.variant("train_grad")
+    assert v.expected_s == pytest.approx(30.0) and v.source == "estimated"
+    figures = again._blocks_figures("train_grad", v)
+    assert figures.gain == 0.0 and figures.measured_gain
+    assert figures.expected_s == pytest.approx(12.0 - plan_mod.CACHED_BACKEND_SAVES * 10.0)
+    # the next medium run, told blocks gained nothing here, stays eager
+    for _ in range(6):
+        _step(again, clock, 1.0)
+    assert again.variants["train_grad"].state == "eager_for_good"
+    assert "blocks ~149 s (a ~3 s compile" in _decision(again)  # 3 s + 146 x 1 s
+
+
+def test_blocks_are_no_choice_when_the_whole_models_kernels_are_cached(clock, tmp_path):
+    # warm, the whole model compiled in 6.5 s (GPT-2 124M) against 10.5 s cold by block, and
+    # saves at least as much: scaling its cached figure would make blocks look cheaper still
+    p = Plan("k", "Net", prior_s=30.0, steps=150, history_dir=str(tmp_path))
+    p.compiled_seconds("train_grad", 29.0, backend_s=22.0)
+    warm = Plan("k", "Net", 30.0, 150, str(tmp_path), blocks=FakeBlocks())
+    for _ in range(6):
+        _step(warm, clock, 1.0)
+    assert warm.variants["train_grad"].state == "compiled"  # 146 x 0.2 ~ 29 s > ~9 s
+    assert not any("expected totals" in n for n in warm.notes)
+
+
+class _Attention(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm = nn.LayerNorm(width)
+        # no bias on the keys: its gradient is zero in exact arithmetic (softmax is shift
+        # invariant), so rounding noise that Adam's normalisation would blow up to a full step
+        self.qkv = nn.Linear(width, 3 * width, bias=False)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, w = x.shape
+        q, k, v = self.qkv(self.norm(x)).split(w, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, w // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, w))
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.attn = _Attention(width, heads)
+        self.norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(x)
+        return x + self.mlp(self.norm(x))
+
+
+class TinyLM(nn.Module):
+    """A 2-layer decoder: embeddings, repeated blocks, a final norm and head (the glue)."""
+
+    def __init__(self, vocab: int = 32, width: int = 16, layers: int = 2) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(_Block(width) for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def test_only_a_region_with_repeated_blocks_gets_blocks_as_a_choice(tmp_path):
+    from types import SimpleNamespace
+
+    from hasten.compiler.hooks import nn as nn_hooks
+
+    def plan_of(model: nn.Module, x: torch.Tensor) -> Plan:
+        hasten.compile(model, steps=150, cache_dir=tmp_path)
+        model(x)  # the first call plans the regions, and runs eagerly (timed)
+        return nn_hooks.compiled_call(model).code.plan
+
+    assert plan_of(_mlp(), torch.randn(2, 6)).blocks is None  # nothing repeats
+    lm = TinyLM()
+    blocks = plan_of(lm, torch.randint(0, 32, (2, 8))).blocks
+    assert blocks is not None and blocks.available()
+    # a Transformers model building a KV cache in training: a shared block would recompile
+    # once per layer, so blocks are no choice (regions="blocks" gives each its own code)
+    lm.config = SimpleNamespace(use_cache=True, to_dict=dict)
+    assert not blocks.available()
+
+
+@pytest.mark.slow
+def test_a_medium_run_compiles_by_block_and_trains_as_eager_fp32(tmp_path, monkeypatch, caplog):
+    import copy
+    import json
+    import logging
+
+    from hasten.compiler.api import compile_report
+    from hasten.compiler.plan import prior_seconds
+
+    # The plan's timing on a fixed clock (a real one decides by this machine's load): eager
+    # steps 10 ms, compiled ones 9 ms; the compile itself is real.
+    account = Plan._account
+
+    def fixed(self: Plan, variant: str, seconds: float) -> None:
+        account(self, variant, 0.009 if self.variants[variant].last_was_compiled else 0.01)
+
+    monkeypatch.setattr(Plan, "_account", fixed)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = TinyLM()
+    # whole's break-even: the prior compile / (10 ms x 20 %); there blocks cost 0.36 of it
+    # and save half as much: eager = whole = 5 x C, blocks ~4.9 x C
+    steps = round(prior_seconds(eager) / (0.01 * plan_mod.PRIOR_GAIN))
+    planned = hasten.compile(copy.deepcopy(eager), steps=steps, cache_dir=tmp_path)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, planned)]
+    g = torch.Generator().manual_seed(3)
+    with caplog.at_level(logging.INFO, logger="hasten"):
+        for i in range(10):
+            ids = torch.randint(0, 32, (4, 8), generator=g)
+            for m, opt in zip((eager, planned), opts):
+                logits = m(ids[:, :-1])
+                F.cross_entropy(logits.reshape(-1, 32), ids[:, 1:].reshape(-1)).backward()
+                opt.step()
+                opt.zero_grad()
+            if i % 3 == 2:  # an evaluation now and then: its share of the run does not pay
+                for m in (eager, planned):
+                    m.eval()
+                    with torch.no_grad():
+                        m(ids[:, :-1])
+                    m.train()
+    report = compile_report(planned)
+    assert any("the compile plan chose to compile TinyLM by block" in f for f in report.fixes)
+    assert any("compiling by block" in r.getMessage() for r in caplog.records)
+    # one graph: the shared block's training variant; the evaluation ran eagerly throughout
+    assert len(report.graphs) == 1 and len(report.recompiles) == 0
+    assert [gr.variant for gr in report.graphs] == ["train_grad"]
+    for (name, pe), pc in zip(eager.named_parameters(), planned.parameters()):
+        torch.testing.assert_close(pc, pe, rtol=1e-4, atol=1e-6, msg=name)
+    assert planned.state_dict().keys() == eager.state_dict().keys()
+    # the blocks' compile, seen from the model's eager call, is kept apart from the whole's
+    history = json.loads((tmp_path / "hasten-plan.json").read_text())
+    entries = [k for k, v in history.items() if k.endswith("/train_grad/blocks")]
+    assert len(entries) == 1 and history[entries[0]]["compile_s"] > 0
+    assert not any(k.endswith("/train_grad") for k in history)

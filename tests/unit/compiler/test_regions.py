@@ -111,7 +111,7 @@ def test_regions_modes_plan_whole_blocks_or_by_the_auto_rule():
     net = Stack()
     assert plan_regions(net, "whole") == [(net, "call")]
     assert plan_regions(net, "blocks") == [(b, "call") for b in net.layers[:5]]
-    # "auto" is "whole" (measured: blocks' steady step is slower, docs/compiler.md#regions)
+    # "auto" starts as "whole"; its compile plan may install the blocks later (test_plan.py)
     assert plan_regions(net, "auto") == [(net, "call")]
     few = Stack(layers=1)  # 2 repeats are enough for "blocks"
     assert len(plan_regions(few, "blocks")) == 2
