@@ -60,6 +60,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -191,93 +192,113 @@ def _category(op: str) -> str:
     return "other"
 
 
+def serve(mark: str, commands: dict[str, Callable[[], dict[str, Any]]]) -> int:
+    """A candidate's process: answer each command read from stdin with one ``mark``-prefixed
+    JSON line (``quit`` ends it); a command that raises answers with the error, since a failing
+    candidate is a result, not the end of the run."""
+
+    def reply(obj: dict[str, Any]) -> None:
+        sys.stdout.write(mark + json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "quit":
+            reply({})
+            return 0
+        try:
+            fn = commands.get(cmd)
+            reply(fn() if fn else {"error": f"unknown command {cmd!r}"})
+        except Exception as err:
+            reply({"error": f"{type(err).__name__}: {str(err)[:2000]}"})
+    return 0
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def set_up(build: Callable[[], tuple[Any, Any, Callable[[], Any]]], warmup: int) -> tuple:
+    """Build a candidate and run its first and warm-up steps: (model, optimizer, step, info)."""
+    t0 = time.perf_counter()
+    model, opt, step = build()
+    info: dict[str, Any] = {"setup_s": time.perf_counter() - t0, "first_step_s": timed(step)}
+    info["warmup_s"] = [timed(step) for _ in range(warmup - 1)]
+    info["param_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
+    return model, opt, step, info
+
+
+def hasten_info(model: Any) -> dict[str, Any]:
+    """What hasten's report says of a compiled model's compile."""
+    import hasten
+
+    rep = hasten.compiler.compile_report(model)
+    return {
+        "graph_count": rep.graph_count,
+        "compile_seconds": rep.compile_seconds,
+        "fallback": rep.fallback,
+    }
+
+
 def child(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
     from hasten.bench.harness import peak_step_memory
 
-    def reply(obj: dict[str, Any]) -> None:
-        sys.stdout.write(MARK + json.dumps(obj) + "\n")
-        sys.stdout.flush()
+    state: dict[str, Any] = {}
 
-    step = model = None
-    for line in sys.stdin:
-        cmd = line.strip()
-        try:
-            if cmd == "setup":
-                t0 = time.perf_counter()
-                model, _, step = _build(
-                    args.child, args.model, args.size, args.batch, args.seq, args.kernel_names
-                )
-                setup_s = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                step()
-                first = time.perf_counter() - t0
-                warm = []
-                for _ in range(args.warmup - 1):
-                    t0 = time.perf_counter()
-                    step()
-                    warm.append(time.perf_counter() - t0)
-                info: dict[str, Any] = {"setup_s": setup_s, "first_step_s": first, "warmup_s": warm}
-                if CANDIDATES[args.child]["kind"] == "hasten":
-                    import hasten
+    def setup() -> dict[str, Any]:
+        model, _, state["step"], info = set_up(
+            lambda: _build(
+                args.child, args.model, args.size, args.batch, args.seq, args.kernel_names
+            ),
+            args.warmup,
+        )
+        if CANDIDATES[args.child]["kind"] == "hasten":
+            info["hasten"] = hasten_info(model)
+        return info
 
-                    rep = hasten.compiler.compile_report(model)
-                    info["hasten"] = {
-                        "graph_count": rep.graph_count,
-                        "compile_seconds": rep.compile_seconds,
-                        "fallback": rep.fallback,
-                    }
-                info["param_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
-                reply(info)
-            elif cmd == "step":
-                t0 = time.perf_counter()
-                step()
-                reply({"s": time.perf_counter() - t0})
-            elif cmd == "mem":
-                peak, current = _rss_bytes()
-                step_peak, _ = peak_step_memory(step)
-                reply({"maxrss_bytes": peak, "rss_bytes": current, "step_alloc_peak": step_peak})
-            elif cmd == "profile":
-                reply(_profile(step))
-            elif cmd == "quit":
-                reply({})
-                return 0
-            else:
-                reply({"error": f"unknown command {cmd!r}"})
-        except Exception as err:  # a failing candidate is a result, not the end of the run
-            reply({"error": f"{type(err).__name__}: {str(err)[:2000]}"})
-    return 0
+    def mem() -> dict[str, Any]:
+        peak, current = _rss_bytes()
+        step_peak, _ = peak_step_memory(state["step"])
+        return {"maxrss_bytes": peak, "rss_bytes": current, "step_alloc_peak": step_peak}
+
+    return serve(
+        MARK,
+        {
+            "setup": setup,
+            "step": lambda: {"s": timed(state["step"])},
+            "mem": mem,
+            "profile": lambda: _profile(state["step"]),
+        },
+    )
 
 
 # --------------------------------------------------------------------------- parent
 
 
 class Child:
-    def __init__(self, name: str, model: str, args: argparse.Namespace, env: dict[str, str]):
+    """One candidate's process (``script --child NAME --model MODEL`` plus ``flags``), driven
+    one command at a time over stdin; its replies are the stdout lines starting with ``mark``,
+    its stderr goes to ``logs/<model>-<name>.log``."""
+
+    def __init__(
+        self,
+        script: Path,
+        mark: str,
+        name: str,
+        model: str,
+        flags: list[str],
+        logs: Path,
+        env: dict[str, str],
+    ) -> None:
         self.name = name
-        cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            name,
-            "--model",
-            model,
-            "--size",
-            args.size,
-            "--batch",
-            str(args.batch),
-            "--seq",
-            str(args.seq),
-            "--warmup",
-            str(args.warmup),
-            "--threads",
-            str(args.threads),
-        ]
-        if args.kernel_names and name == PROFILED:
-            cmd.append("--kernel-names")
-        self.log = open(Path(env["BF16_STEP_LOGS"]) / f"{model}-{name}.log", "w")  # noqa: SIM115
+        self.mark = mark
+        cmd = [sys.executable, str(script), "--child", name, "--model", model, *flags]
+        self.log = open(logs / f"{model}-{name}.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
         )
@@ -294,8 +315,8 @@ class Child:
             self.error = f"the child exited (code {self.proc.poll()}); see its log"
             return {"error": self.error}
         for line in self.proc.stdout:
-            if line.startswith(MARK):
-                out = json.loads(line[len(MARK) :])
+            if line.startswith(self.mark):
+                out = json.loads(line[len(self.mark) :])
                 if "error" in out:
                     self.error = out["error"]
                 return out
@@ -313,6 +334,43 @@ class Child:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+def child_flags(args: argparse.Namespace) -> list[str]:
+    """The shape and thread flags every candidate's process is started with."""
+    return [f"--{k}={getattr(args, k)}" for k in ("size", "batch", "seq", "warmup", "threads")]
+
+
+def run_rounds(children: list[Child], steps: int, model: str) -> dict[str, dict[str, Any]]:
+    """Set each candidate up (one at a time: compiles do not overlap), then ``steps`` rounds of
+    one timed step each, the order rotated every round, then each one's memory."""
+    res: dict[str, dict[str, Any]] = {c.name: {"name": c.name} for c in children}
+    for c in children:
+        t0 = time.perf_counter()
+        res[c.name].update(c.ask("setup"))
+        print(f"  {model} {c.name}: set up in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    for r in range(steps):
+        k = r % len(children)
+        for c in children[k:] + children[:k]:
+            out = c.ask("step")
+            if "s" in out:
+                res[c.name].setdefault("step_times", []).append(out["s"])
+            else:
+                res[c.name]["error"] = out.get("error")
+    for c in children:
+        res[c.name].update(c.ask("mem"))
+    return res
+
+
+def summarize(res: dict[str, dict[str, Any]]) -> None:
+    """Each candidate's step median, range and compile seconds (first step less a step)."""
+    for r in res.values():
+        times = r.get("step_times") or []
+        if times and not r.get("error"):
+            med = statistics.median(times)
+            r["step_s"] = med
+            r["step_min_s"], r["step_max_s"] = min(times), max(times)
+            r["compile_s"] = max(0.0, r["first_step_s"] - med)
 
 
 def _peaks(threads: int) -> dict[str, float]:
@@ -341,30 +399,24 @@ def _flops(model_name: str, size: str, batch: int, seq: int, threads: int) -> in
     return count_flops(lambda: model(**data).loss.backward())
 
 
+def _extra_flags(args: argparse.Namespace, name: str) -> list[str]:
+    return ["--kernel-names"] if args.kernel_names and name == PROFILED else []
+
+
 def run_model(model: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     flops = _flops(model, args.size, args.batch, args.seq, args.threads)
     peaks_before = _peaks(args.threads)
     print(f"{model}: {flops / 1e9:.1f} GFLOP/step", file=sys.stderr, flush=True)
-    children = [Child(name, model, args, env) for name in args.candidates]
-    res: dict[str, dict[str, Any]] = {
-        c.name: {"name": c.name, **CANDIDATES[c.name]} for c in children
-    }
+    logs, script = Path(env["BF16_STEP_LOGS"]), Path(__file__).resolve()
+    flags = child_flags(args)
+    children = [
+        Child(script, MARK, name, model, flags + _extra_flags(args, name), logs, env)
+        for name in args.candidates
+    ]
     try:
+        res = run_rounds(children, args.steps, model)
         for c in children:
-            t0 = time.perf_counter()
-            out = c.ask("setup")
-            res[c.name].update(out)
-            print(f"  {c.name}: set up in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        for r in range(args.steps):
-            k = r % len(children)
-            for c in children[k:] + children[:k]:
-                out = c.ask("step")
-                if "s" in out:
-                    res[c.name].setdefault("step_times", []).append(out["s"])
-                else:
-                    res[c.name]["error"] = out.get("error")
-        for c in children:
-            res[c.name].update(c.ask("mem"))
+            res[c.name].update(CANDIDATES[c.name])
         profile = None
         if args.profile and PROFILED in res:
             prof = next(c for c in children if c.name == PROFILED)
@@ -374,14 +426,11 @@ def run_model(model: str, args: argparse.Namespace, env: dict[str, str]) -> dict
             c.close()
     peaks_after = _peaks(args.threads)
     peaks = {k: max(peaks_before[k], peaks_after[k]) for k in peaks_before}
+    summarize(res)
     for r in res.values():
-        times = r.get("step_times") or []
-        if not times or r.get("error"):
+        med = r.get("step_s")
+        if med is None:
             continue
-        med = statistics.median(times)
-        r["step_s"] = med
-        r["step_min_s"], r["step_max_s"] = min(times), max(times)
-        r["compile_s"] = max(0.0, r["first_step_s"] - med)
         r["bf16_limit_s"] = flops / peaks["bf16"]
         r["share_of_bf16_limit"] = r["bf16_limit_s"] / med
         r["share_of_own_limit"] = flops / peaks[r["precision"]] / med

@@ -67,9 +67,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -275,164 +273,70 @@ def _bf16_weights(model, name: str, *, lr: float, weight_decay: float, compiled:
     return SplitAdamW(params, masters, lr=lr, weight_decay=weight_decay, compiled=compiled)
 
 
-def _profile(step) -> dict[str, Any]:
-    """bf16_step.py's profile of two steps: self CPU time by op and by category."""
+def _bf16_step() -> Any:
+    """bf16_step.py, whose process protocol (``Child``, ``serve``, ``run_rounds``), memory and
+    profile this script shares."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "bf16_step", Path(__file__).with_name("bf16_step.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return dict(module._profile(step))
-
-
-def _rss_bytes() -> tuple[int, int]:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    current = 0
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                current = int(line.split()[1]) * 1024
-    return peak, current
+    module = sys.modules.get("bf16_step")
+    if module is None:
+        spec = importlib.util.spec_from_file_location(
+            "bf16_step", Path(__file__).with_name("bf16_step.py")
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bf16_step"] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 def child(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    common = _bf16_step()
+    state: dict[str, Any] = {}
 
-    def reply(obj: dict[str, Any]) -> None:
-        sys.stdout.write(MARK + json.dumps(obj) + "\n")
-        sys.stdout.flush()
+    def setup() -> dict[str, Any]:
+        model, state["opt"], state["step"], info = common.set_up(
+            lambda: _build(args.child, args.model, args.size, args.batch, args.seq), args.warmup
+        )
+        info["hasten"] = common.hasten_info(model)
+        info["update_compile_s"] = getattr(state["opt"], "compile_s", None)
+        return info
 
-    step = model = opt = None
-    for line in sys.stdin:
-        cmd = line.strip()
-        try:
-            if cmd == "setup":
-                t0 = time.perf_counter()
-                model, opt, step = _build(args.child, args.model, args.size, args.batch, args.seq)
-                setup_s = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                step()
-                first = time.perf_counter() - t0
-                warm = []
-                for _ in range(args.warmup - 1):
-                    t0 = time.perf_counter()
-                    step()
-                    warm.append(time.perf_counter() - t0)
-                import hasten
+    def opt() -> dict[str, Any]:
+        # the optimizer step alone, on the gradients of the last step (5 repeats)
+        return {"s": statistics.median(common.timed(state["opt"].step) for _ in range(5))}
 
-                rep = hasten.compiler.compile_report(model)
-                info: dict[str, Any] = {
-                    "setup_s": setup_s,
-                    "first_step_s": first,
-                    "warmup_s": warm,
-                    "hasten": {
-                        "graph_count": rep.graph_count,
-                        "compile_seconds": rep.compile_seconds,
-                        "fallback": rep.fallback,
-                    },
-                    "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
-                    "update_compile_s": getattr(opt, "compile_s", None),
-                }
-                reply(info)
-            elif cmd == "step":
-                t0 = time.perf_counter()
-                step()
-                reply({"s": time.perf_counter() - t0})
-            elif cmd == "opt":
-                # the optimizer step alone, on the gradients of the last step (5 repeats)
-                times = []
-                for _ in range(5):
-                    t0 = time.perf_counter()
-                    opt.step()
-                    times.append(time.perf_counter() - t0)
-                reply({"s": statistics.median(times)})
-            elif cmd == "profile":
-                reply(_profile(step))
-            elif cmd == "mem":
-                peak, current = _rss_bytes()
-                reply({"maxrss_bytes": peak, "rss_bytes": current})
-            elif cmd == "quit":
-                reply({})
-                return 0
-            else:
-                reply({"error": f"unknown command {cmd!r}"})
-        except Exception as err:  # a failing candidate is a result, not the end of the run
-            reply({"error": f"{type(err).__name__}: {str(err)[:2000]}"})
-    return 0
+    def mem() -> dict[str, Any]:
+        peak, current = common._rss_bytes()
+        return {"maxrss_bytes": peak, "rss_bytes": current}
+
+    return common.serve(
+        MARK,
+        {
+            "setup": setup,
+            "step": lambda: {"s": common.timed(state["step"])},
+            "opt": opt,
+            "profile": lambda: dict(common._profile(state["step"])),
+            "mem": mem,
+        },
+    )
 
 
 # --------------------------------------------------------------------------- parent
 
 
-class Child:
-    def __init__(self, name: str, model: str, args: argparse.Namespace, env: dict[str, str]):
-        self.name = name
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--model", model]
-        for flag in ("size", "batch", "seq", "warmup", "threads"):
-            cmd += [f"--{flag}", str(getattr(args, flag))]
-        self.log = open(Path(env["BF16_WEIGHTS_LOGS"]) / f"{model}-{name}.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
-        )
-        self.error: str | None = None
-
-    def ask(self, cmd: str) -> dict[str, Any]:
-        if self.error:
-            return {"error": self.error}
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            self.proc.stdin.write(cmd + "\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            self.error = f"the child exited (code {self.proc.poll()}); see its log"
-            return {"error": self.error}
-        for line in self.proc.stdout:
-            if line.startswith(MARK):
-                out = json.loads(line[len(MARK) :])
-                if "error" in out:
-                    self.error = out["error"]
-                return out
-        self.error = f"the child exited (code {self.proc.wait()}); see its log"
-        return {"error": self.error}
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.close()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
 def run_model(model: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
-    children = [Child(name, model, args, env) for name in args.candidates]
-    res: dict[str, dict[str, Any]] = {c.name: {"name": c.name} for c in children}
+    common = _bf16_step()
+    logs, script = Path(env["BF16_WEIGHTS_LOGS"]), Path(__file__).resolve()
+    flags = common.child_flags(args)
+    children = [
+        common.Child(script, MARK, name, model, flags, logs, env) for name in args.candidates
+    ]
     try:
-        for c in children:
-            t0 = time.perf_counter()
-            res[c.name].update(c.ask("setup"))
-            print(
-                f"  {model} {c.name}: set up in {time.perf_counter() - t0:.1f} s", file=sys.stderr
-            )
-        for r in range(args.steps):
-            k = r % len(children)
-            for c in children[k:] + children[:k]:
-                out = c.ask("step")
-                if "s" in out:
-                    res[c.name].setdefault("step_times", []).append(out["s"])
-                else:
-                    res[c.name]["error"] = out.get("error")
-        for c in children:
-            res[c.name].update(c.ask("mem"))
+        res = common.run_rounds(children, args.steps, model)
         for c in children:  # after the rounds: the update alone
             out = c.ask("opt")
             if "s" in out:
@@ -443,13 +347,7 @@ def run_model(model: str, args: argparse.Namespace, env: dict[str, str]) -> dict
     finally:
         for c in children:
             c.close()
-    for r in res.values():
-        times = r.get("step_times") or []
-        if times and not r.get("error"):
-            med = statistics.median(times)
-            r["step_s"] = med
-            r["step_min_s"], r["step_max_s"] = min(times), max(times)
-            r["compile_s"] = max(0.0, r["first_step_s"] - med)
+    common.summarize(res)
     return {"model": model, "tokens": [args.batch, args.seq], "candidates": list(res.values())}
 
 
