@@ -9,7 +9,8 @@ records also hold a ``hasten-bf16-weights`` row: a library prototype of the same
 (``hasten.compile(model, precision="bf16", weights="bf16")``, the user's AdamW updating the
 masters through hasten's optimizer pre-hook, one compiled kernel per parameter), measured in the
 same runs and not merged, since it did not pay: in ``-run1`` the int16-split form, in the
-main record the fp32-master form kept on branch ``bf16-weights-lib`` (commit 53dcbc9).
+main record the fp32-master form, whose code and tests are kept as
+``benchmarks/prototypes/bf16-weights-lib.patch``.
 
 Base-size models (:func:`hasten.bench.models.get_model_spec`, random weights), AdamW(lr=1e-4,
 weight_decay=0.01), the loss the model computes (``model(**batch).loss``; Transformers upcasts the
