@@ -26,6 +26,7 @@ from torch import nn
 __all__ = [
     "compile_seconds",
     "compiler_unavailable",
+    "graph_count",
     "hasten_compile",
     "hasten_compile_step",
     "keras_compile",
@@ -80,6 +81,19 @@ def compile_seconds(model: nn.Module) -> float:
         return compile_report(model).compile_seconds
     except ValueError:  # not compiled by hasten.compile
         return 0.0
+
+
+def graph_count(model: nn.Module) -> int | None:
+    """How many graphs hasten compiled for ``model`` (``None`` for a model hasten did not
+    compile): 0 when its compile plan kept every call eager."""
+    if compiler_unavailable():
+        return None
+    from hasten.compiler import compile_report
+
+    try:
+        return compile_report(model).graph_count
+    except ValueError:  # not compiled by hasten.compile
+        return None
 
 
 def hasten_compile_step(

@@ -254,6 +254,8 @@ def run_demo(
             "samples_scored": rec.samples_scored,
             "compute": rec.compute,
         }
+        if "compiled_graphs" in rec.info:  # 0: the plan kept this run eager
+            rows[name]["compiled_graphs"] = rec.info["compiled_graphs"]
         sifted = rec.info.get("sifting")
         if sifted:  # what the sampler left out before the run stopped, and the guard's verdict
             rows[name]["sifting"] = sifted

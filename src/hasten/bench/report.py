@@ -234,7 +234,8 @@ def demo_table(result: dict[str, Any], markdown: bool = False) -> str:
     compute (forward + backward + scoring) against eager's, and the speedup the user sees
     (eager's time to target over the run's, compile included).
 
-    Each row is one run of one seed (the demo trains every variant once), and says so.
+    Each row is one run of one seed (the demo trains every variant once), and says so; a
+    compiled row whose compile plan kept every call eager says that too (its speed is eager's).
     """
     seed = (result.get("config") or {}).get("seed")
     one_seed = "one seed" + (f" ({seed})" if seed is not None else "")
@@ -265,7 +266,12 @@ def demo_table(result: dict[str, Any], markdown: bool = False) -> str:
                 _f(r.get("compute_vs_eager"), ".2f", "×"),
                 _f(r["speedup"], ".2f", "×"),
                 *([saved] if sifted else []),
-                one_seed,
+                one_seed
+                + (
+                    "; ran eagerly: the compile plan found no compile that pays over this run"
+                    if r.get("compiled_graphs") == 0
+                    else ""
+                ),
             ]
         )
     headers = [

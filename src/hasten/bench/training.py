@@ -560,6 +560,8 @@ def train_iter(
         reached = clock
     compute = 3 * backprop + scored[0]
     info: dict[str, Any] = dict(policy.describe())
+    if prepare_model is not None:  # 0: the compile plan ran every call eagerly
+        info["compiled_graphs"] = _hasten_api.graph_count(model)
     report = getattr(run, "report", None)
     if callable(report):  # what a sifting policy left out, in its own words
         info["sifting"] = report()

@@ -69,6 +69,29 @@ def test_demo_table_marks_skipped_and_unreached():
     assert "one seed" in text  # a single run per variant says so
 
 
+def test_demo_table_says_when_a_compiled_row_ran_eagerly():
+    row = {
+        "time_to_target_s": 10.0,
+        "compile_s": 0.0,
+        "time_to_target_incl_compile_s": 10.0,
+        "final_test_acc": 0.9,
+        "samples_backprop": 1000,
+        "speedup": 0.95,
+    }
+    result = {
+        "config": {"seed": 3},
+        "rows": [
+            {"run": "eager", **row, "speedup": 1.0},
+            {"run": "hasten.compile", **row, "compiled_graphs": 0},
+            {"run": "compile + sifting", **row, "compiled_graphs": 2},
+        ],
+    }
+    lines = {line.split()[0]: line for line in demo_table(result).splitlines()[2:]}
+    said = "ran eagerly: the compile plan found no compile that pays over this run"
+    assert said in lines["hasten.compile"] and "one seed (3)" in lines["hasten.compile"]
+    assert said not in lines["compile"] and said not in lines["eager"]
+
+
 def _cand(name, cold, warm, step, speed=None, **extra):
     return {
         "name": name,
