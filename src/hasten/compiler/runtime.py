@@ -213,22 +213,18 @@ class CompiledCode:
         """A call under the compile plan (plan.py): eager until compiling pays, then compiled."""
         grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
         t0 = time.perf_counter()
-        if not self.plan.compile_now(variant, grad):
-            calls, backend_before = self.record.backend_calls, self.record.backend_seconds
-            out = self.eager(module, *args, **kwargs)
-            # the blocks the plan chose to compile (plan.BlockPlan) compile inside this call
-            inside = self.record.backend_calls != calls
-            if inside:
-                backend_s = self.record.backend_seconds - backend_before
-                self.plan.compiled_seconds(variant, time.perf_counter() - t0, backend_s)
-            self.plan.finished(variant, grad, t0, inside)
-            return out
-        first = variant not in self._ran
+        compiled = self.plan.compile_now(variant, grad)
+        first = compiled and variant not in self._ran
         if first and self.device_type == "cpu":
             self._start_probe()
         calls, before = self.record.backend_calls, graph_break_reasons() if first else None
         backend_before = self.record.backend_seconds
-        out = self._run_compiled(module, args, kwargs, variant)
+        if compiled:
+            out = self._run_compiled(module, args, kwargs, variant)
+        else:
+            out = self.eager(module, *args, **kwargs)
+        # a compile during this call: the region's own, or, running eagerly, that of the blocks
+        # the plan chose to compile instead (plan.BlockPlan), which compile inside this call
         compiled_now = self.record.backend_calls != calls
         if compiled_now:
             backend_s = self.record.backend_seconds - backend_before
