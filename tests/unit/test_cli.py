@@ -160,14 +160,14 @@ def test_demo_quick_eager_only(tmp_path, capsys):
     )
     assert code == 0
     text = capsys.readouterr().out
-    assert "eager" in text and "to target s" in text and "sifting" not in text
+    assert "eager" in text and "to 80 % s" in text and "sifting" not in text
     assert "smoke test" in text and "timings mean nothing" in text  # --quick says what it is
     assert "one seed (0)" in text  # and so does every single-seed row
     assert "compiles before" not in text  # the compile-time note comes only with compiled runs
     assert (out / "demo.png").read_bytes()[:4] == b"\x89PNG"
     result = json.loads((out / "demo.json").read_text())
     assert [r["run"] for r in result["rows"]] == ["eager"]
-    assert result["rows"][0]["speedup"] == 1.0
+    assert result["rows"][0]["speedup_whole_run"] == 1.0
 
 
 @pytest.mark.parametrize(

@@ -289,7 +289,9 @@ class RunRecord:
     1 per sample scored by an extra forward. ``flops`` is ``compute`` times the measured forward
     FLOPs of one sample. ``wall_s`` is training time (evaluation and compilation excluded; when a
     ``prepare_model`` compiles, compile time is ``compile_s``: the warm-up's, plus that of any
-    recompile during the run, such as a short last batch under a new size guard).
+    recompile during the run, such as a short last batch under a new size guard). Each ``curve``
+    point has the training seconds, samples and test accuracy at one evaluation, and, with a
+    ``prepare_model``, the compile seconds spent by then (``compile_s``).
     """
 
     task: str
@@ -396,11 +398,16 @@ def train_iter(
     only while it is resumed. It yields each curve point and returns the :class:`RunRecord`;
     :func:`train_run` drives one to the end.
 
+    Each run draws its random numbers (dropout; a compiled model's random seeds) from a stream
+    of its own, seeded by ``seed`` and swapped in only while the run is resumed: interleaved
+    runs with the same seed see the same dropout masks until their switches make them differ,
+    and none perturbs another's, or the caller's, global RNG.
+
     Args:
         task: Dataset, model and recipe.
         policy: What to train on (:class:`FullData`, a sifting policy, ...).
-        seed: Seeds the model's initial weights and the data order; runs with the same seed are
-            paired (same start, same shuffles).
+        seed: Seeds the model's initial weights, the data order and the run's random stream;
+            runs with the same seed are paired (same start, same shuffles, same dropout).
         data: The task's data, if already loaded.
         budget: Stop after this many backpropagated samples (the last batch is cut to fit) and
             fit the learning-rate schedule to that length. ``None``: ``task.epochs`` passes.
@@ -426,6 +433,74 @@ def train_iter(
         raise ValueError(f"budget must be a positive number of samples, got {budget}")
     if evals_per_epoch < 0:
         raise ValueError(f"evals_per_epoch must be >= 0, got {evals_per_epoch}")
+    device = torch.device(device)
+    run = _train_iter(
+        task,
+        policy,
+        seed,
+        data=data,
+        budget=budget,
+        device=device,
+        prepare_model=prepare_model,
+        evals_per_epoch=evals_per_epoch,
+        target=target,
+        flops_per_sample=flops_per_sample,
+        warm_up=warm_up,
+    )
+    return _own_rng(run, seed, device)
+
+
+def _own_rng(
+    run: Generator[dict[str, float], None, RunRecord], seed: int, device: torch.device
+) -> Generator[dict[str, float], None, RunRecord]:
+    """``run`` driven with a global RNG stream of its own (CPU, and ``device``'s if CUDA),
+    seeded by ``seed``; the caller's stream is restored whenever ``run`` is suspended."""
+    devices = (
+        [device.index if device.index is not None else torch.cuda.current_device()]
+        if (device.type == "cuda")
+        else []
+    )
+    with torch.random.fork_rng(devices=devices):
+        torch.default_generator.manual_seed(seed)
+        if devices:
+            torch.cuda.manual_seed(seed)
+        mine = _rng_state(devices)
+    while True:
+        with torch.random.fork_rng(devices=devices):
+            _set_rng_state(mine, devices)
+            try:
+                point = next(run)
+            except StopIteration as done:
+                return done.value
+            mine = _rng_state(devices)
+        yield point
+
+
+def _rng_state(devices: list[int]) -> list[torch.Tensor]:
+    return [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
+
+
+def _set_rng_state(state: list[torch.Tensor], devices: list[int]) -> None:
+    torch.set_rng_state(state[0])
+    for d, s in zip(devices, state[1:], strict=True):
+        torch.cuda.set_rng_state(s, d)
+
+
+def _train_iter(
+    task: Task,
+    policy: Policy,
+    seed: int,
+    *,
+    data: SplitData | None = None,
+    budget: int | None = None,
+    device: str | torch.device = "cpu",
+    prepare_model: Callable[[nn.Module], nn.Module] | None = None,
+    evals_per_epoch: int = 0,
+    target: float | None = None,
+    flops_per_sample: float | None = None,
+    warm_up: bool = True,
+) -> Generator[dict[str, float], None, RunRecord]:
+    """The body of :func:`train_iter`, which validates the arguments and owns the RNG."""
     device = torch.device(device)
     data = data or task.data()
     x_test, y_test = data.x_test.to(device), data.y_test.to(device)
@@ -504,6 +579,8 @@ def train_iter(
             "compute": 3 * backprop + scored[0],
             "test_acc": acc,
         }
+        if prepare_model is not None:  # compiling so far: a curve point's time incl. compile
+            point["compile_s"] = compile_s or 0.0
         curve.append(point)
         return point
 

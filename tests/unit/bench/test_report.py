@@ -37,53 +37,63 @@ def test_compile_table_shows_errors_and_speedups():
     assert "RuntimeError: hasten.compiler is not available" in text and "more" not in text
 
 
+def _demo_row(run, **changes):
+    row = {
+        "run": run,
+        "whole_run_s": 20.0,
+        "compile_s": None,
+        "final_test_acc": 0.9,
+        "time_to_target_s": 10.0,
+        "time_to_target_incl_compile_s": 10.0,
+        "speedup_whole_run": 1.0,
+        "speedup_time_to_target_incl_compile": 1.0,
+        "samples_backprop": 1000,
+        "compute_vs_eager": 1.0,
+    }
+    return {**row, **changes}
+
+
 def test_demo_table_marks_skipped_and_unreached():
     result = {
+        "config": {"target": 0.9},
         "rows": [
-            {
-                "run": "eager",
-                "time_to_target_s": None,
-                "compile_s": None,
-                "time_to_target_incl_compile_s": None,
-                "final_test_acc": 0.5,
-                "samples_backprop": 1000,
-                "speedup": None,
-            },
+            _demo_row(
+                "eager",
+                time_to_target_s=None,
+                time_to_target_incl_compile_s=None,
+                final_test_acc=0.5,
+                speedup_time_to_target_incl_compile=None,
+            ),
             {"run": "sifting", "skipped": "hasten.sifting is not available"},
-            {
-                "run": "compile + sifting",
-                "time_to_target_s": 2.0,
-                "compile_s": 0.5,
-                "time_to_target_incl_compile_s": 2.5,
-                "final_test_acc": 0.9,
-                "samples_backprop": 1500,
-                "speedup": None,
-                "sifting": {"samples_planned": 2000, "samples_left_out": 500, "epochs_planned": 2},
-            },
-        ]
+            _demo_row(
+                "compile + sifting",
+                whole_run_s=16.0,
+                compile_s=0.5,
+                time_to_target_incl_compile_s=2.5,
+                speedup_whole_run=1.25,
+                compute_vs_eager=0.8,
+                sifting={"samples_planned": 2000, "samples_left_out": 500, "epochs_planned": 2},
+            ),
+        ],
     }
     text = demo_table(result)
     assert "not reached" in text and "skipped: hasten.sifting is not available" in text
-    assert "1,000" in text
+    assert "to 90 % s" in text and "speedup whole run" in text  # both verdicts, named
+    lines = {line.split()[0]: line for line in text.splitlines()[2:]}
+    assert (
+        "16.0" in lines["compile"] and "1.25×" in lines["compile"] and "0.80×" in lines["compile"]
+    )
     assert "500 of 2,000 samples (25%) in 2 epochs" in text  # what the sifting left out
     assert "one seed" in text  # a single run per variant says so
 
 
 def test_demo_table_says_when_a_compiled_row_ran_eagerly():
-    row = {
-        "time_to_target_s": 10.0,
-        "compile_s": 0.0,
-        "time_to_target_incl_compile_s": 10.0,
-        "final_test_acc": 0.9,
-        "samples_backprop": 1000,
-        "speedup": 0.95,
-    }
     result = {
-        "config": {"seed": 3},
+        "config": {"seed": 3, "target": 0.9},
         "rows": [
-            {"run": "eager", **row, "speedup": 1.0},
-            {"run": "hasten.compile", **row, "compiled_graphs": 0},
-            {"run": "compile + sifting", **row, "compiled_graphs": 2},
+            _demo_row("eager"),
+            _demo_row("hasten.compile", compile_s=0.0, compiled_graphs=0),
+            _demo_row("compile + sifting", compile_s=4.0, compiled_graphs=2),
         ],
     }
     lines = {line.split()[0]: line for line in demo_table(result).splitlines()[2:]}
