@@ -313,6 +313,8 @@ class Plan:
                 self._compare(variant)
         elif v.last_was_compiled:
             v.compiled_times.append(seconds)
+            if len(v.compiled_times) > 16:  # the recent calls, as for eager: bounded over a run
+                del v.compiled_times[:-16]
             if len(v.compiled_times) == _CHECK_CALLS and v.eager_times:
                 # A training variant compiled whole times a few eager calls now, its settled
                 # reference (the calls before compiling were a new process's first ones).
