@@ -310,30 +310,70 @@ def _probe(out: Any) -> torch.Tensor | None:
 def _compare(
     pairs: list[tuple[str, torch.Tensor | None, torch.Tensor | None]], tol: float
 ) -> tuple[tuple[str, float], bool, str]:
-    """The worst relative error over ``pairs`` (one host sync for all of them)."""
-    rows: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+    """The worst relative error over ``pairs`` (one host sync for all of them).
+
+    Each pair is reduced to float64 sums of squares chunk by chunk (:func:`_sums64`), so the
+    float64 temporaries stay a few MiB: converting every gradient to float64 first doubled a
+    base-size model's peak memory at its first step (Llama-style, 2 x 256: 4.6 GiB against
+    2.4 without the check).
+    """
+    names: list[str] = []
+    diffs: list[torch.Tensor] = []
+    norms: list[torch.Tensor] = []
+    finite: list[torch.Tensor] = []
     for name, c, e in pairs:
         if c is None and e is None:
             continue
-        ref = e if e is not None else c
-        assert ref is not None  # one of the two is a tensor here
-        c = torch.zeros_like(ref) if c is None else c
-        e = torch.zeros_like(ref) if e is None else e
-        if c.shape != e.shape:
+        if c is not None and e is not None and c.shape != e.shape:
             return (name, math.inf), False, f"{name}: shape {tuple(c.shape)} vs {tuple(e.shape)}"
-        rows.append((name, c.detach().double(), e.detach().double()))
-    if not rows:
+        diff2, norm2, ok = _sums64(c, e)
+        diffs.append(diff2)
+        norms.append(norm2)
+        finite.append(ok)
+        names.append(name)
+    if not names:
         return ("", 0.0), True, "nothing to compare"
-    diffs = torch.stack([(c - e).norm().cpu() for _, c, e in rows])
-    norms = torch.stack([e.norm().cpu() for _, _, e in rows])
-    finite = torch.stack([torch.isfinite(e).all().cpu() for _, _, e in rows])
-    if not bool(finite.all()):  # eager itself overflowed: nothing to compare against
+    devices = {t.device for t in diffs}
+    if len(devices) > 1:  # a model split across devices: gather the scalars on the CPU
+        diffs, norms, finite = ([t.cpu() for t in ts] for ts in (diffs, norms, finite))
+    # one host sync for all of them
+    sums = torch.stack([torch.stack(diffs), torch.stack(norms), torch.stack(finite).double()])
+    sums = sums.cpu()
+    diff_t, norm_t = sums[0].sqrt(), sums[1].sqrt()
+    if not bool((sums[2] > 0).all()):  # eager itself overflowed: nothing to compare against
         return ("", 0.0), True, "eager produced inf/NaN on this batch"
-    floor = _FLOOR * float(norms.max())
-    errs = (diffs / norms.clamp_min(max(floor, 1e-30))).nan_to_num(nan=math.inf).tolist()
+    floor = _FLOOR * float(norm_t.max())
+    errs = (diff_t / norm_t.clamp_min(max(floor, 1e-30))).nan_to_num(nan=math.inf).tolist()
     i = max(range(len(errs)), key=errs.__getitem__)
-    worst = (rows[i][0], float(errs[i]))
+    worst = (names[i], float(errs[i]))
     return worst, worst[1] <= tol, ""
+
+
+_CHUNK = 1 << 20  # elements per float64 chunk in _sums64 (8 MiB a temporary)
+
+
+def _sums64(
+    c: torch.Tensor | None, e: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(sum((c - e)^2), sum(e^2), all(isfinite(e)))`` in float64, a missing side counting as
+    zeros, converted a chunk at a time; 0-dim tensors on the pair's device (no host sync)."""
+    ref = e if e is not None else c
+    assert ref is not None  # callers skip pairs with neither
+    cf = c.detach().reshape(-1) if c is not None else None
+    ef = e.detach().reshape(-1) if e is not None else None
+    diff2 = torch.zeros((), dtype=torch.float64, device=ref.device)
+    norm2 = torch.zeros((), dtype=torch.float64, device=ref.device)
+    ok = torch.ones((), dtype=torch.bool, device=ref.device)
+    for i in range(0, max(ref.numel(), 1), _CHUNK):
+        cc = cf[i : i + _CHUNK].double() if cf is not None else None
+        ee = ef[i : i + _CHUNK].double() if ef is not None else None
+        if ee is not None:
+            norm2 += ee.square().sum()
+            ok &= torch.isfinite(ee).all()
+        gap = ee if cc is None else cc if ee is None else cc - ee
+        assert gap is not None
+        diff2 += gap.square().sum()
+    return diff2, norm2, ok
 
 
 @contextlib.contextmanager

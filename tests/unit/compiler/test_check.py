@@ -246,3 +246,42 @@ def test_a_model_drawing_from_numpys_generator_is_not_sent_to_eager():
     rep = hasten.compiler.compile_report(model)
     assert any("NumPy's or Python's random generator" in c for c in rep.checks), rep.checks
     assert rep.graph_count >= 1 and not model._compiled_call_impl.code._eager_only
+
+
+def test_the_comparison_matches_float64_norms_and_holds_one_chunk_at_a_time(monkeypatch):
+    """``_compare`` reduces each pair chunk by chunk (float64 copies of every gradient at once
+    doubled a base-size model's first-step peak); its errors are the float64 reference's."""
+    from hasten.compiler import check
+
+    monkeypatch.setattr(check, "_CHUNK", 1000)  # several chunks per tensor here
+    g = torch.Generator().manual_seed(0)
+    e_big = torch.randn(5003, generator=g)
+    c_big = e_big + 1e-3 * torch.randn(5003, generator=g)
+    e_small = torch.randn(7, 3, generator=g)
+    c_small = e_small * 1.5
+    pairs = [
+        ("big", c_big, e_big),
+        ("small", c_small, e_small),
+        ("no compiled grad", None, torch.ones(4)),
+        ("no eager grad", torch.full((4,), 1e-9), None),
+        ("neither", None, None),
+    ]
+    worst, passed, note = check._compare(pairs, tol=1e-2)
+    ref = {
+        "big": float((c_big.double() - e_big.double()).norm() / e_big.double().norm()),
+        "small": float((c_small.double() - e_small.double()).norm() / e_small.double().norm()),
+        "no compiled grad": 1.0,
+    }
+    assert worst[0] == "no compiled grad" and worst[1] == pytest.approx(ref["no compiled grad"])
+    assert not passed and note == ""
+    small, _, _ = check._compare(pairs[1:2], tol=1e-2)
+    assert small[1] == pytest.approx(ref["small"], rel=1e-12)
+    only_big, ok, _ = check._compare(pairs[:1], tol=1e-2)
+    assert only_big[1] == pytest.approx(ref["big"], rel=1e-9) and ok
+    # eager overflowed: nothing to compare against
+    inf = torch.tensor([1.0, float("inf")])
+    assert check._compare([("x", torch.ones(2), inf)], tol=1e-2)[2] == (
+        "eager produced inf/NaN on this batch"
+    )
+    shape = check._compare([("x", torch.ones(2), torch.ones(3))], tol=1e-2)
+    assert shape[1] is False and "shape (2,) vs (3,)" in shape[2]
