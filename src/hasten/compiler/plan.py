@@ -82,21 +82,28 @@ ranks, so a region compiles at its first call there, as with ``regions="whole"``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import statistics
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
 from torch import nn
 
 __all__ = [
     "BLOCKS_COMPILE_SHARE",
     "BLOCKS_GAIN_SHARE",
+    "BLOCKS_MIN_S",
     "FORWARD_ONLY_SHARE",
+    "GAIN_PER_FUSABLE_SHARE",
+    "MIN_ESTIMATED_GAIN",
     "MIN_GAIN",
     "PER_MODULE_S",
     "PRIOR_GAIN",
@@ -107,6 +114,8 @@ __all__ = [
     "VariantPlan",
     "applies",
     "distributed_run",
+    "estimated_gain",
+    "fusable_share",
     "history_key",
 ]
 
@@ -116,6 +125,31 @@ __all__ = [
 PRIOR_S = 8.0
 PER_MODULE_S = 0.22
 PRIOR_GAIN = 0.2  # a compiled step 20 % shorter than eager's (1.25x): the low end measured
+# Before any measurement on a CPU, the plan profiles one eager training step instead: what a
+# compile can fuse is the step outside matmuls, attention and convolution kernels and the
+# optimizer. Measured on 2 AMD EPYC cores (benchmarks/results/plan-gain-share.json), the
+# compiled step's saving against that share: the demo's model 0.35 of 0.65, GPT-2 124M 1x128
+# 0.11 of 0.18, BERT-base 32x64 0.08 of 0.15 and 1x128 0.06 of 0.14, about half; the
+# Llama-style decoder 0.13 of 0.10 (Inductor also speeds its matmuls' operand handling); out of
+# that sample, GPT-2 2x256 0.13 of 0.19, Llama 2x256 0.06 of 0.09, RoBERTa 4x128 0.06 of 0.12. So
+# the estimate is half the share, floored at 0.1, where the matmul-bound steps sit: mean absolute
+# error 0.03 over the eight, against 0.11 for the 0.2 prior.
+GAIN_PER_FUSABLE_SHARE = 0.5
+MIN_ESTIMATED_GAIN = 0.1
+_GEMM_OPS = frozenset(
+    {
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::addbmm",
+        "aten::_mkldnn_linear",
+        "aten::mkldnn_convolution",
+        "aten::convolution_backward",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    }
+)
 CACHED_BACKEND_SAVES = 0.9  # of the backend's seconds, when its kernels are cached (96-97 %
 # measured: GPT-2 124M 44.6 -> 1.4 s, Llama-style 22.3 -> 1.0 s)
 FORWARD_ONLY_SHARE = 0.35  # an evaluation variant's compile (forward only) against a training
@@ -126,6 +160,10 @@ MIN_GAIN = 0.03  # a variant measured here to save less than this stays eager (s
 # compile-cpu-base.json): a cold first call took 10.5 of 29.0 s on GPT-2 124M, 9.5 of 26.8 on
 # BERT-base, 9.1 of 25.3 on the Llama-style decoder (0.36, 0.35, 0.36)
 BLOCKS_COMPILE_SHARE = 0.36
+# but not below a compile's fixed cost: the demo's 2-block transformer compiled by block in 7.3 s
+# cold against 8.8 s whole (0.83, 2-core AMD EPYC, first call with the check), where 0.36 x its
+# whole-model prior (14 s) expects 5 s
+BLOCKS_MIN_S = 7.0
 # and its steady saving over eager, as a share of the whole model's: GPT-2 124M 0.45 (2191 /
 # 2032 / 1841 ms eager / blocks / whole, compile-regions-base.json), GPT-2 4x256 0.52 (236 /
 # 212 / 190 ms, compile-regions-small.json); in compile-cpu-base.json's five rounds, per-round
@@ -183,7 +221,11 @@ class VariantPlan:
     probe_now: bool = False  # this call is one of them
     last_was_probe: bool = False
     probe_times: list[float] = field(default_factory=list)
+    profiler: Any = None  # the profiler of the eager step whose fusable share estimates the gain
+    profiled: bool = False  # that estimate was made (or could not be)
+    gain_note: str = ""  # where an estimated ``gain`` comes from, for the log line
     regions: str = "whole"  # what compiles: the whole region, or its repeated "blocks"
+    grad: bool = True  # a training variant (forward and backward compile), not evaluation
 
 
 _COMPILED = ("compiled", "blocks")  # the states that run compiled code: the region's or blocks'
@@ -213,6 +255,9 @@ class Plan:
         steps: The run's expected number of training calls, or ``None``.
         history_dir: Where ``hasten-plan.json`` lives (the compile cache directory).
         blocks: The region's repeated blocks, when compiling them instead is a choice.
+        profile_gain: Estimate a training variant's gain, before it was ever measured here,
+            from one profiled eager step (:func:`estimated_gain`; CPU only: on a GPU the CPU
+            profile is the launch overhead, not the step).
     """
 
     def __init__(
@@ -223,8 +268,11 @@ class Plan:
         steps: int | None,
         history_dir: str | None,
         blocks: BlockSwitch | None = None,
+        profile_gain: bool = False,
     ) -> None:
         self.key = key
+        self.profile_gain = profile_gain
+        self._profiling: VariantPlan | None = None  # the variant whose step is being profiled
         self.label = label
         self.prior_s = prior_s
         self.steps = steps
@@ -244,6 +292,7 @@ class Plan:
             prior = self.prior_s if grad else FORWARD_ONLY_SHARE * self.prior_s
             expected, source, cached = _expected_compile(known, prior)
             v = self.variants[variant] = VariantPlan(
+                grad=grad,
                 expected_s=expected,
                 source=source,
                 gain=float(known.get("gain", PRIOR_GAIN)),
@@ -256,12 +305,19 @@ class Plan:
 
     def compile_now(self, variant: str, grad: bool) -> bool:
         """Called at the start of each call of ``variant``: whether it runs compiled."""
+        if self._profiling is not None:  # the profiled step ended: its time is not a step's
+            profiled, self._profiling = self._profiling, None
+            self._estimate(profiled)
+            profiled.last_start = None
         v = self.variant(variant, grad)
         now = time.perf_counter()
         if grad and v.last_start is not None:  # a training call's time: start to next start
             self._account(variant, now - v.last_start)
         v.calls += 1
         v.last_start = now if grad else None
+        if v.state == "eager" and self._profile_now(v, grad):
+            v.last_start = None  # this step runs under the profiler: not timed
+            return False
         if v.state == "eager":
             v.state = self._decide(variant, v, grad)
             if v.state in _COMPILED:
@@ -328,8 +384,44 @@ class Plan:
             v.eager_s += seconds
             v.eager_times = [*v.eager_times, seconds][-16:]
 
+    def _profile_now(self, v: VariantPlan, grad: bool) -> bool:
+        """Start profiling this call's step when the gain is still the prior: the training
+        variant's, once one eager step was timed (the first carries one-off costs), on a CPU,
+        with no other profiler running."""
+        if not (self.profile_gain and grad) or v.profiled or v.measured_gain or not v.eager_times:
+            return False
+        v.profiled = True
+        from hasten.compiler.hooks.aten import profiler_running
+
+        if profiler_running():  # the user's own profiler is recording
+            return False
+        try:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            with _quiet_stderr():
+                prof.start()
+        except Exception:  # an estimate is optional: keep the prior
+            return False
+        v.profiler, self._profiling = prof, v
+        return True
+
+    def _estimate(self, v: VariantPlan) -> None:
+        prof, v.profiler = v.profiler, None
+        try:
+            with _quiet_stderr():
+                prof.stop()
+            share = fusable_share((e.key, e.self_cpu_time_total) for e in prof.key_averages())
+        except Exception:  # an estimate is optional: keep the prior
+            return
+        if share is None:
+            return
+        v.gain = estimated_gain(share)
+        v.gain_note = (
+            f", estimated from a profiled eager step ({share:.0%} of it outside matmuls, "
+            "attention and the optimizer)"
+        )
+
     def _decide(self, variant: str, v: VariantPlan, grad: bool) -> str:
-        gain = _gain_text(v.gain, v.measured_gain)
+        gain = _gain_text(v.gain, v.measured_gain) + v.gain_note
         # what compiling means for this variant: the region's code, or its blocks' once the
         # plan chose them (the region then runs eagerly, calling its compiled blocks)
         compiled, what = ("blocks", " by block") if v.regions == "blocks" else ("compiled", "")
@@ -422,6 +514,10 @@ class Plan:
         else:
             expected = BLOCKS_COMPILE_SHARE * v.expected_s
             source = f"{BLOCKS_COMPILE_SHARE:.2f} x the whole model's"
+            # a small model: the compile's fixed cost dominates (a forward's, for evaluation)
+            floor = BLOCKS_MIN_S * (1.0 if v.grad else FORWARD_ONLY_SHARE)
+            if expected < floor:
+                expected, source = floor, "a block compile's fixed cost"
         if "gain" in known:
             return _Figures(expected, source, float(known["gain"]), True)
         return _Figures(expected, source, BLOCKS_GAIN_SHARE * v.gain, False)
@@ -457,7 +553,7 @@ class Plan:
             f"~{totals['blocks']:.0f} s (a ~{blocks.expected_s:.0f} s compile, "
             f"{blocks.source}, at {_gain_text(blocks.gain, blocks.measured_gain)}{share}), "
             f"whole ~{totals['whole']:.0f} s (a ~{v.expected_s:.0f} s compile, {v.source}, at "
-            f"{_gain_text(v.gain, v.measured_gain)})"
+            f"{_gain_text(v.gain, v.measured_gain)}{v.gain_note})"
             + (" (regions='blocks' or 'whole' compiles anyway)" if choice == "eager" else "")
         )
         if choice == "eager":
@@ -586,6 +682,43 @@ def _expected_compile(known: dict[str, float], prior_s: float) -> tuple[float, s
         return seconds, "measured here before", False
     cached = seconds - CACHED_BACKEND_SAVES * float(backend)
     return cached, f"{seconds:.0f} s measured here before, less its kernels now cached", True
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for a moment: the profiler's C++ side (Kineto) writes
+    "USDT: ... profiler_start" / "profiler_stop" lines to stderr at every start and stop, at
+    every log level, which would land in the user's training log."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            sys.stderr.flush()
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def fusable_share(ops: Any) -> float | None:
+    """The share of a profiled step's self CPU time outside matmuls, attention, convolution and
+    the optimizer (``ops``: ``(name, self time)`` pairs), what a compile can fuse; ``None`` for an
+    empty profile."""
+    total = fixed = 0.0
+    for name, self_time in ops:
+        total += self_time
+        if name in _GEMM_OPS or "adam" in name.lower() or name.startswith("Optimizer."):
+            fixed += self_time
+    return None if total <= 0 else max(0.0, 1.0 - fixed / total)
+
+
+def estimated_gain(share: float) -> float:
+    """The share of a step a compile is expected to save, from the step's fusable share."""
+    return min(max(GAIN_PER_FUSABLE_SHARE * share, MIN_ESTIMATED_GAIN), 0.5)
 
 
 def _gain_text(gain: float, measured: bool) -> str:

@@ -138,6 +138,7 @@ def _plan(code: CompiledCode, module: nn.Module, config: CompileConfig) -> None:
         config.steps,
         cache.cache_dir(config.cache_dir),
         blocks=_PlannedBlocks(module, blocks, code) if blocks else None,
+        profile_gain=code.device_type == "cpu",
     )
 
 

@@ -440,6 +440,25 @@ def test_evaluation_compiles_by_block_only_once_its_share_pays(clock, tmp_path):
     assert late.regions == "blocks"
 
 
+def test_a_small_models_block_compile_is_expected_to_cost_at_least_a_compiles_fixed_cost(
+    clock, tmp_path
+):
+    # the demo's 2-block model compiled by block in 7.3 s against 8.8 s whole: 0.36 of its
+    # whole-model prior (14 s) would expect 5 s, and choose blocks where eager is cheaper
+    p = Plan("k", "Net", prior_s=14.0, steps=318, history_dir=str(tmp_path), blocks=FakeBlocks())
+    v = p.variant("train_grad")
+    figures = p._blocks_figures("train_grad", v)
+    assert figures.expected_s == plan_mod.BLOCKS_MIN_S and "fixed cost" in figures.source
+    ev = p.variant("eval_no_grad", grad=False)
+    assert p._blocks_figures("eval_no_grad", ev).expected_s == pytest.approx(
+        plan_mod.BLOCKS_MIN_S * plan_mod.FORWARD_ONLY_SHARE
+    )
+    big = Plan("k2", "Net", prior_s=44.0, steps=318, history_dir=str(tmp_path), blocks=FakeBlocks())
+    assert big._blocks_figures("train_grad", big.variant("train_grad")).expected_s == (
+        pytest.approx(0.36 * 44.0)
+    )
+
+
 def test_blocks_measured_slower_go_back_to_eager_and_the_next_run_knows(clock, tmp_path):
     blocks = FakeBlocks()
     p = Plan("k", "Net", prior_s=30.0, steps=150, history_dir=str(tmp_path), blocks=blocks)
@@ -569,6 +588,10 @@ def test_a_medium_run_compiles_by_block_and_trains_as_eager_fp32(tmp_path, monke
         account(self, variant, 0.009 if self.variants[variant].last_was_compiled else 0.01)
 
     monkeypatch.setattr(Plan, "_account", fixed)
+    # and the prior gain, not one estimated from a profiled step (tested on its own above), and
+    # the blocks' share of the prior compile without its small-model floor
+    monkeypatch.setattr(Plan, "_profile_now", lambda self, v, grad: False)
+    monkeypatch.setattr(plan_mod, "BLOCKS_MIN_S", 0.0)
     torch._dynamo.reset()
     torch.manual_seed(0)
     eager = TinyLM()
@@ -606,3 +629,60 @@ def test_a_medium_run_compiles_by_block_and_trains_as_eager_fp32(tmp_path, monke
     entries = [k for k, v in history.items() if k.endswith("/train_grad/blocks")]
     assert len(entries) == 1 and history[entries[0]]["compile_s"] > 0
     assert not any(k.endswith("/train_grad") for k in history)
+
+
+def test_the_fusable_share_leaves_out_matmuls_attention_and_the_optimizer():
+    ops = [
+        ("aten::mm", 50.0),
+        ("aten::addmm", 20.0),
+        ("aten::_fused_adamw_", 10.0),
+        ("Optimizer.step#AdamW.step", 2.0),
+        ("aten::gelu", 12.0),
+        ("aten::add", 6.0),
+    ]
+    assert plan_mod.fusable_share(ops) == pytest.approx(0.18)
+    assert plan_mod.fusable_share([]) is None
+    # half the share, floored where the measured models sit, capped
+    assert plan_mod.estimated_gain(0.65) == pytest.approx(0.325)
+    assert plan_mod.estimated_gain(0.05) == plan_mod.MIN_ESTIMATED_GAIN
+    assert plan_mod.estimated_gain(1.0) == 0.5
+
+
+def _some_work(fusable: int) -> None:
+    a = torch.randn(256, 256)
+    for _ in range(3):
+        a = a @ a / 256
+    for _ in range(fusable):
+        a = torch.tanh(a) * 0.5 + a.sin()
+
+
+def test_before_any_measurement_one_eager_step_is_profiled_to_estimate_the_gain(
+    clock, tmp_path, capfd
+):
+    p = Plan("k", "Net", prior_s=30.0, steps=1000, history_dir=str(tmp_path), profile_gain=True)
+    got = []
+    for _ in range(8):
+        got.append(p.compile_now("train_grad", True))
+        _some_work(fusable=40)  # an elementwise-heavy step
+        clock.now += 1.0
+        p.finished("train_grad", True, clock.now - 1.0, compiled_now=False)
+    v = p.variants["train_grad"]
+    assert v.profiled and v.profiler is None  # profiled once, stopped at the next call
+    assert v.gain != plan_mod.PRIOR_GAIN and plan_mod.MIN_ESTIMATED_GAIN <= v.gain <= 0.5
+    assert len(v.eager_times) < v.calls - 1  # the profiled step's time is not a step's
+    assert any("estimated from a profiled eager step" in n for n in p.notes)
+    assert any(got)  # 1000 steps: it compiles
+    assert "profiler_start" not in capfd.readouterr().err  # Kineto's lines kept off stderr
+
+
+def test_the_gain_is_not_profiled_under_the_users_profiler_or_once_measured(clock, tmp_path):
+    p = Plan("k", "Net", prior_s=30.0, steps=1000, history_dir=str(tmp_path), profile_gain=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        for _ in range(3):
+            _step(p, clock, 1.0)
+    assert p.variants["train_grad"].gain == plan_mod.PRIOR_GAIN
+    plan_mod._update_history(str(tmp_path), plan_mod.history_key("k2", "train_grad"), {"gain": 0.3})
+    q = Plan("k2", "Net", prior_s=30.0, steps=1000, history_dir=str(tmp_path), profile_gain=True)
+    for _ in range(3):
+        _step(q, clock, 1.0)
+    assert q.variants["train_grad"].gain == 0.3 and not q.variants["train_grad"].profiled

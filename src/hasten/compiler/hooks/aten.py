@@ -6,6 +6,9 @@
 * ``mkldnn._is_mkldnn_bf16_supported``: whether the CPU runs bfloat16 natively (AVX512-BF16 or
   AMX), which ``precision="bf16"`` needs to be worth it. Without it the answer is unknown
   (``None``) and hasten does not refuse bf16.
+* ``autograd.profiler._is_profiler_enabled``: whether a profiler is recording, so the compile
+  plan does not start one of its own inside the user's (torch refuses nested profilers). Without
+  it the answer is "yes", and the plan keeps its prior gain.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 
 from hasten.compiler.hooks import register
 
-__all__ = ["native_bf16_cpu", "safe_softmax"]
+__all__ = ["native_bf16_cpu", "profiler_running", "safe_softmax"]
 
 
 @register("aten.safe_softmax", "softmax with fully masked rows 0 (cheap dropout's attention)")
@@ -47,3 +50,18 @@ def native_bf16_cpu() -> bool | None:
         return None
     answer: Any = torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return bool(answer)
+
+
+@register("autograd.profiler_enabled", "whether a profiler is recording (the compile plan's)")
+def _probe_profiler() -> str | None:
+    ok = isinstance(getattr(torch.autograd.profiler, "_is_profiler_enabled", None), bool)
+    return None if ok else "no torch.autograd.profiler._is_profiler_enabled"
+
+
+def profiler_running() -> bool:
+    """Whether a torch profiler is recording now (``True`` when this torch cannot say)."""
+    from hasten.compiler.hooks import usable
+
+    if not usable("autograd.profiler_enabled"):
+        return True
+    return bool(torch.autograd.profiler._is_profiler_enabled)
