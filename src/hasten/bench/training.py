@@ -21,11 +21,13 @@ of the budget spent — so a shortened run gets a schedule fitted to its own len
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +58,7 @@ __all__ = [
 ]
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+P = ParamSpec("P")
 
 
 class IndexedDataset(Dataset[Batch]):
@@ -377,6 +380,59 @@ def _warm_up(
         model.load_state_dict(saved)
 
 
+def _with_own_rng(
+    fn: Callable[P, Generator[dict[str, float], None, RunRecord]],
+) -> Callable[P, Generator[dict[str, float], None, RunRecord]]:
+    """``fn``'s run driven by :func:`_own_rng`, with its ``seed`` and ``device`` arguments."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def start(*args: P.args, **kwargs: P.kwargs) -> Generator[dict[str, float], None, RunRecord]:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        seed, device = bound.arguments["seed"], torch.device(bound.arguments["device"])
+        return _own_rng(fn(*args, **kwargs), seed, device)
+
+    return start
+
+
+def _own_rng(
+    run: Generator[dict[str, float], None, RunRecord], seed: int, device: torch.device
+) -> Generator[dict[str, float], None, RunRecord]:
+    """``run`` driven with a global RNG stream of its own (CPU, and ``device``'s if CUDA),
+    seeded by ``seed``; the caller's stream is restored whenever ``run`` is suspended."""
+    devices = (
+        [device.index if device.index is not None else torch.cuda.current_device()]
+        if (device.type == "cuda")
+        else []
+    )
+    with torch.random.fork_rng(devices=devices):
+        torch.default_generator.manual_seed(seed)
+        if devices:
+            torch.cuda.manual_seed(seed)
+        mine = _rng_state(devices)
+    while True:
+        with torch.random.fork_rng(devices=devices):
+            _set_rng_state(mine, devices)
+            try:
+                point = next(run)
+            except StopIteration as done:
+                return done.value
+            mine = _rng_state(devices)
+        yield point
+
+
+def _rng_state(devices: list[int]) -> list[torch.Tensor]:
+    return [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
+
+
+def _set_rng_state(state: list[torch.Tensor], devices: list[int]) -> None:
+    torch.set_rng_state(state[0])
+    for d, s in zip(devices, state[1:], strict=True):
+        torch.cuda.set_rng_state(s, d)
+
+
+@_with_own_rng
 def train_iter(
     task: Task,
     policy: Policy,
@@ -433,74 +489,6 @@ def train_iter(
         raise ValueError(f"budget must be a positive number of samples, got {budget}")
     if evals_per_epoch < 0:
         raise ValueError(f"evals_per_epoch must be >= 0, got {evals_per_epoch}")
-    device = torch.device(device)
-    run = _train_iter(
-        task,
-        policy,
-        seed,
-        data=data,
-        budget=budget,
-        device=device,
-        prepare_model=prepare_model,
-        evals_per_epoch=evals_per_epoch,
-        target=target,
-        flops_per_sample=flops_per_sample,
-        warm_up=warm_up,
-    )
-    return _own_rng(run, seed, device)
-
-
-def _own_rng(
-    run: Generator[dict[str, float], None, RunRecord], seed: int, device: torch.device
-) -> Generator[dict[str, float], None, RunRecord]:
-    """``run`` driven with a global RNG stream of its own (CPU, and ``device``'s if CUDA),
-    seeded by ``seed``; the caller's stream is restored whenever ``run`` is suspended."""
-    devices = (
-        [device.index if device.index is not None else torch.cuda.current_device()]
-        if (device.type == "cuda")
-        else []
-    )
-    with torch.random.fork_rng(devices=devices):
-        torch.default_generator.manual_seed(seed)
-        if devices:
-            torch.cuda.manual_seed(seed)
-        mine = _rng_state(devices)
-    while True:
-        with torch.random.fork_rng(devices=devices):
-            _set_rng_state(mine, devices)
-            try:
-                point = next(run)
-            except StopIteration as done:
-                return done.value
-            mine = _rng_state(devices)
-        yield point
-
-
-def _rng_state(devices: list[int]) -> list[torch.Tensor]:
-    return [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
-
-
-def _set_rng_state(state: list[torch.Tensor], devices: list[int]) -> None:
-    torch.set_rng_state(state[0])
-    for d, s in zip(devices, state[1:], strict=True):
-        torch.cuda.set_rng_state(s, d)
-
-
-def _train_iter(
-    task: Task,
-    policy: Policy,
-    seed: int,
-    *,
-    data: SplitData | None = None,
-    budget: int | None = None,
-    device: str | torch.device = "cpu",
-    prepare_model: Callable[[nn.Module], nn.Module] | None = None,
-    evals_per_epoch: int = 0,
-    target: float | None = None,
-    flops_per_sample: float | None = None,
-    warm_up: bool = True,
-) -> Generator[dict[str, float], None, RunRecord]:
-    """The body of :func:`train_iter`, which validates the arguments and owns the RNG."""
     device = torch.device(device)
     data = data or task.data()
     x_test, y_test = data.x_test.to(device), data.y_test.to(device)
