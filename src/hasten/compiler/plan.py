@@ -218,17 +218,21 @@ class VariantPlan:
     cached: bool = False  # ``expected_s`` counts on the kernels cached by an earlier compile
     grad_steps_at_compile: int | None = None  # training calls made when it compiled
     probing: bool = False  # compiled, running a few calls eagerly to time a settled eager step
-    probe_now: bool = False  # this call is one of them
     last_was_probe: bool = False
     probe_times: list[float] = field(default_factory=list)
-    profiler: Any = None  # the profiler of the eager step whose fusable share estimates the gain
-    profiled: bool = False  # that estimate was made (or could not be)
+    profiled: bool = False  # a step was profiled to estimate the gain (or could not be)
     gain_note: str = ""  # where an estimated ``gain`` comes from, for the log line
     regions: str = "whole"  # what compiles: the whole region, or its repeated "blocks"
     grad: bool = True  # a training variant (forward and backward compile), not evaluation
 
 
 _COMPILED = ("compiled", "blocks")  # the states that run compiled code: the region's or blocks'
+
+
+def _probing_now(v: VariantPlan) -> bool:
+    """Whether ``v``'s current call is one of the eager calls timed after compiling (set
+    between a call's :meth:`Plan.compile_now` and its :meth:`Plan.finished`)."""
+    return v.probing and v.state == "compiled"
 
 
 class BlockSwitch(Protocol):
@@ -272,7 +276,8 @@ class Plan:
     ) -> None:
         self.key = key
         self.profile_gain = profile_gain
-        self._profiling: VariantPlan | None = None  # the variant whose step is being profiled
+        # the variant whose eager step is being profiled to estimate its gain, and the profiler
+        self._profiling: tuple[VariantPlan, Any] | None = None
         self.label = label
         self.prior_s = prior_s
         self.steps = steps
@@ -305,10 +310,10 @@ class Plan:
 
     def compile_now(self, variant: str, grad: bool) -> bool:
         """Called at the start of each call of ``variant``: whether it runs compiled."""
-        if self._profiling is not None:  # the profiled step ended: its time is not a step's
-            profiled, self._profiling = self._profiling, None
-            self._estimate(profiled)
-            profiled.last_start = None
+        if self._profiling is not None:  # the profiled step ended (its time is not a step's)
+            profiled, prof = self._profiling
+            self._profiling = None
+            self._estimate(profiled, prof)
         v = self.variant(variant, grad)
         now = time.perf_counter()
         if grad and v.last_start is not None:  # a training call's time: start to next start
@@ -322,15 +327,14 @@ class Plan:
             v.state = self._decide(variant, v, grad)
             if v.state in _COMPILED:
                 v.grad_steps_at_compile = v.calls - 1 if grad else None
-        v.probe_now = v.probing and v.state == "compiled"
         # "blocks": the region runs eagerly, its blocks compiled; a probe: eagerly, timed
-        return v.state == "compiled" and not v.probe_now
+        return v.state == "compiled" and not _probing_now(v)
 
     def finished(self, variant: str, grad: bool, started: float, compiled_now: bool) -> None:
         """Called after a call of ``variant``; ``compiled_now``: this call compiled."""
         v = self.variants[variant]
-        v.last_was_compiled = v.state in _COMPILED and not v.probe_now
-        v.last_was_probe = v.probe_now
+        v.last_was_probe = _probing_now(v)
+        v.last_was_compiled = v.state in _COMPILED and not v.last_was_probe
         v.last_compiled_now = compiled_now
         if not grad:  # an evaluation or scoring call: its own duration is its cost
             self._account(variant, time.perf_counter() - started)
@@ -401,11 +405,10 @@ class Plan:
                 prof.start()
         except Exception:  # an estimate is optional: keep the prior
             return False
-        v.profiler, self._profiling = prof, v
+        self._profiling = (v, prof)
         return True
 
-    def _estimate(self, v: VariantPlan) -> None:
-        prof, v.profiler = v.profiler, None
+    def _estimate(self, v: VariantPlan, prof: Any) -> None:
         try:
             with _quiet_stderr():
                 prof.stop()
@@ -598,7 +601,7 @@ class Plan:
         # where ~3 % was), and a gain learned against them would make the next process's plan
         # compile runs the compile cannot pay back.
         if v.probe_times:
-            eager = statistics.median(v.probe_times[1:] or v.probe_times)
+            eager = statistics.median(v.probe_times[1:])  # the first: the switch's own cost
             reference = f"{len(v.probe_times) - 1} eager calls after compiling, and one more"
         else:
             fast = sorted(v.eager_times)[: max(1, (len(v.eager_times) + 1) // 2)]

@@ -667,7 +667,7 @@ def test_before_any_measurement_one_eager_step_is_profiled_to_estimate_the_gain(
         clock.now += 1.0
         p.finished("train_grad", True, clock.now - 1.0, compiled_now=False)
     v = p.variants["train_grad"]
-    assert v.profiled and v.profiler is None  # profiled once, stopped at the next call
+    assert v.profiled and p._profiling is None  # profiled once, stopped at the next call
     assert v.gain != plan_mod.PRIOR_GAIN and plan_mod.MIN_ESTIMATED_GAIN <= v.gain <= 0.5
     assert len(v.eager_times) < v.calls - 1  # the profiled step's time is not a step's
     assert any("estimated from a profiled eager step" in n for n in p.notes)
