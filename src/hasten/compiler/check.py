@@ -318,29 +318,21 @@ def _compare(
     2.4 without the check).
     """
     names: list[str] = []
-    diffs: list[torch.Tensor] = []
-    norms: list[torch.Tensor] = []
-    finite: list[torch.Tensor] = []
+    sums: list[torch.Tensor] = []  # per pair: sum((c - e)^2), sum(e^2), e all finite
     for name, c, e in pairs:
         if c is None and e is None:
             continue
         if c is not None and e is not None and c.shape != e.shape:
             return (name, math.inf), False, f"{name}: shape {tuple(c.shape)} vs {tuple(e.shape)}"
-        diff2, norm2, ok = _sums64(c, e)
-        diffs.append(diff2)
-        norms.append(norm2)
-        finite.append(ok)
+        sums.append(_sums64(c, e))
         names.append(name)
     if not names:
         return ("", 0.0), True, "nothing to compare"
-    devices = {t.device for t in diffs}
-    if len(devices) > 1:  # a model split across devices: gather the scalars on the CPU
-        diffs, norms, finite = ([t.cpu() for t in ts] for ts in (diffs, norms, finite))
-    # one host sync for all of them
-    sums = torch.stack([torch.stack(diffs), torch.stack(norms), torch.stack(finite).double()])
-    sums = sums.cpu()
-    diff_t, norm_t = sums[0].sqrt(), sums[1].sqrt()
-    if not bool((sums[2] > 0).all()):  # eager itself overflowed: nothing to compare against
+    if len({t.device for t in sums}) > 1:  # a model split across devices: gather on the CPU
+        sums = [t.cpu() for t in sums]
+    table = torch.stack(sums).cpu()  # one host sync for all of them
+    diff_t, norm_t = table[:, 0].sqrt(), table[:, 1].sqrt()
+    if not bool((table[:, 2] > 0).all()):  # eager itself overflowed: nothing to compare against
         return ("", 0.0), True, "eager produced inf/NaN on this batch"
     floor = _FLOOR * float(norm_t.max())
     errs = (diff_t / norm_t.clamp_min(max(floor, 1e-30))).nan_to_num(nan=math.inf).tolist()
@@ -352,11 +344,9 @@ def _compare(
 _CHUNK = 1 << 20  # elements per float64 chunk in _sums64 (8 MiB a temporary)
 
 
-def _sums64(
-    c: torch.Tensor | None, e: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(sum((c - e)^2), sum(e^2), all(isfinite(e)))`` in float64, a missing side counting as
-    zeros, converted a chunk at a time; 0-dim tensors on the pair's device (no host sync)."""
+def _sums64(c: torch.Tensor | None, e: torch.Tensor | None) -> torch.Tensor:
+    """``[sum((c - e)^2), sum(e^2), all(isfinite(e))]`` in float64, a missing side counting as
+    zeros, converted a chunk at a time; on the pair's device (no host sync)."""
     ref = e if e is not None else c
     assert ref is not None  # callers skip pairs with neither
     cf = c.detach().reshape(-1) if c is not None else None
@@ -373,7 +363,7 @@ def _sums64(
         gap = ee if cc is None else cc if ee is None else cc - ee
         assert gap is not None
         diff2 += gap.square().sum()
-    return diff2, norm2, ok
+    return torch.stack([diff2, norm2, ok.double()])
 
 
 @contextlib.contextmanager
