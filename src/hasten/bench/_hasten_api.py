@@ -70,30 +70,31 @@ def temporary_cache_dir(path: str) -> Any:
     return inner(path)
 
 
-def compile_seconds(model: nn.Module) -> float:
-    """Seconds ``model``'s calls have spent compiling so far (0 for a model hasten did not
-    compile), so a benchmark can keep a recompile in the middle of a run off its step clock."""
+def _report(model: nn.Module) -> Any:
+    """hasten's compile report of ``model``, or ``None`` where hasten did not compile it (or
+    its compiler is not available)."""
     if compiler_unavailable():
-        return 0.0
+        return None
     from hasten.compiler import compile_report
 
     try:
-        return compile_report(model).compile_seconds
+        return compile_report(model)
     except ValueError:  # not compiled by hasten.compile
-        return 0.0
+        return None
+
+
+def compile_seconds(model: nn.Module) -> float:
+    """Seconds ``model``'s calls have spent compiling so far (0 for a model hasten did not
+    compile), so a benchmark can keep a recompile in the middle of a run off its step clock."""
+    report = _report(model)
+    return 0.0 if report is None else report.compile_seconds
 
 
 def graph_count(model: nn.Module) -> int | None:
     """How many graphs hasten compiled for ``model`` (``None`` for a model hasten did not
     compile): 0 when its compile plan kept every call eager."""
-    if compiler_unavailable():
-        return None
-    from hasten.compiler import compile_report
-
-    try:
-        return compile_report(model).graph_count
-    except ValueError:  # not compiled by hasten.compile
-        return None
+    report = _report(model)
+    return None if report is None else report.graph_count
 
 
 def hasten_compile_step(
