@@ -162,8 +162,9 @@ class _PostGradPasses:
 
 # Inductor settings hasten changes per device, each measured on the benchmark models (see
 # docs/compiler.md): on CPU, Inductor's in-kernel dropout RNG (scalar Philox per element) cost
-# ~20 ns an element, a quarter of BERT-small's fp32 step; ATen's RNG (fallback_random) is ~5x
-# cheaper and gives eager's exact dropout masks for the same seed.
+# ~20 ns an element, a quarter of BERT-small's fp32 step. With ATen's RNG (fallback_random) the
+# cheap_dropout_rng pass draws one key per dropout from the default generator, as its eager
+# reference does, and hashes the elements in the fused kernels.
 _DEVICE_DEFAULTS: dict[str, dict[str, Any]] = {"cpu": {inductor.FALLBACK_RANDOM: True}}
 
 

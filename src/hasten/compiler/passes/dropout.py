@@ -1,21 +1,26 @@
-"""``cheap_dropout_rng``: on CPU, training dropout from raw random integers instead of Bernoulli.
+"""``cheap_dropout_rng``: on CPU, training dropout from a counter-based hash instead of Bernoulli.
 
 With ``fallback_random`` (hasten's CPU default, see ``backend.py``) Inductor runs dropout as
 ATen's ``native_dropout``: a float ``bernoulli_`` draw per element, a multiply, and a copy of the
 noise into a bool mask, none of it fused.
 
 This pass rewrites each training ``F.dropout`` of the captured graph (``nn.Dropout`` modules) to
-one draw of uniform 31-bit integers (ATen ``random_`` on int32, from the same default
-generator, so ``torch.manual_seed`` still makes runs repeatable) and a comparison against
-``p * 2**31`` that Inductor fuses, with the scaling, into the kernels around it. The mask it
-keeps for the backward is ``keep`` in the input's dtype (or the int32 noise, as the partitioner
-picks): Inductor's CPU kernels store a bool mask slowly and a float one at full vector speed, at
-the price of 3 more bytes an element (fp32) among the tensors saved for backward. (Timings:
-docs/compiler.md#passes.)
+noise computed from the element's index: one 62-bit key is drawn per call from the default
+generator (``torch.manual_seed`` still makes runs repeatable), and each element's 32-bit noise
+is a hash of its flat index under that key (three rounds of the ``lowbias32`` integer mixer,
+the key XORed in between rounds, see :func:`dropout_noise`). All of it is integer arithmetic
+Inductor fuses and vectorizes with the comparison against ``p * 2**32`` and the scaling into
+the kernels around it; ATen's ``random_`` it replaces is a serial Mersenne Twister at about 2 ns
+an element (5-10 % of a GPT-2 or BERT step on 2 cores), the hash a fraction of that. The
+partitioner may keep the 8-byte key and recompute the mask in the backward instead of saving
+it. The mask is ``keep`` in the input's dtype, built without a bool tensor (Inductor's CPU
+kernels store a bool slowly). Tensors of 2**32 elements or more (beyond the index the hash takes)
+draw ``random_`` integers as before. (Timings: docs/compiler.md#passes.)
 
 The meaning is exactly ``F.dropout``'s: each element is kept with probability ``1 - p`` (to
 within 2**-32) and scaled by ``1 / (1 - p)``. The bits differ from eager's for the same seed (as
-Inductor's own RNG's would), not the distribution.
+Inductor's own RNG's would), not the distribution; the integer hash computes the same bits
+eagerly and compiled, which the first-call check relies on (``check.py``).
 
 ``scaled_dot_product_attention`` with ``dropout_p > 0`` (Transformers' default attention while
 training) runs PyTorch's math path on CPU anyway (the fused CPU kernel has no dropout), with a
@@ -25,6 +30,7 @@ dropout, ``@ v``) with the cheap dropout. Calls with ``enable_gqa`` are left alo
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,21 +39,98 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from hasten.compiler.hooks import inductor as hooks_inductor
 from hasten.compiler.hooks.aten import safe_softmax
 from hasten.compiler.passes._fx import arg, example_value, is_call
 from hasten.compiler.passes.registry import record, register_pass
 
-__all__ = ["cheap_dropout", "cheap_dropout_attention", "cheap_dropout_rng"]
+__all__ = ["cheap_dropout", "cheap_dropout_attention", "cheap_dropout_rng", "dropout_noise"]
 
-_RANGE = 2**31  # random_ on int32 draws uniformly from [0, 2**31)
+_M32 = 0xFFFFFFFF
+# lowbias32's multipliers (C. Wellons, hash-prospector); the second as its negative twin mod 2**32,
+# so that in int64 every product of a 32-bit value stays below 2**63 (no overflow, eager or
+# compiled: the bits agree)
+_MUL1 = 0x7FEB352D
+_MUL2 = 0x846CA68B - 2**32
+_HASHED_MAX = 2**32  # the hash takes a 32-bit index
+
+
+class _TensorOps:
+    """The hash's operations on tensors, named as Inductor's op handler names them, so that one
+    definition (:func:`_hash`) runs eagerly and is lowered into a compiled kernel."""
+
+    @staticmethod
+    def constant(value: int, dtype: torch.dtype) -> int:
+        return value
+
+    bitwise_xor = staticmethod(torch.bitwise_xor)
+    bitwise_and = staticmethod(torch.bitwise_and)
+    bitwise_right_shift = staticmethod(torch.bitwise_right_shift)
+    mul = staticmethod(torch.mul)
+
+
+def _hash(o: Any, index: Any, key: Any) -> Any:
+    """32-bit noise at ``index`` under the 62-bit ``key``: ``lowbias32`` three times, the key's
+    two halves XORed in after the first and second rounds. ``o`` is :class:`_TensorOps` or
+    Inductor's op handler. The index is mixed before the key goes in, so two keys give unrelated
+    masks rather than permutations of one another (an index XORed with a key is reordered)."""
+
+    def c(value: int) -> Any:
+        return o.constant(value, torch.int64)
+
+    def mix(x: Any) -> Any:  # a bijection on 32-bit values (held in int64) mixing every bit
+        x = o.bitwise_xor(x, o.bitwise_right_shift(x, c(16)))
+        x = o.bitwise_and(o.mul(x, c(_MUL1)), c(_M32))
+        x = o.bitwise_xor(x, o.bitwise_right_shift(x, c(15)))
+        x = o.bitwise_and(o.mul(x, c(_MUL2)), c(_M32))
+        return o.bitwise_xor(x, o.bitwise_right_shift(x, c(16)))
+
+    low, high = o.bitwise_and(key, c(_M32)), o.bitwise_right_shift(key, c(32))
+    return mix(o.bitwise_xor(mix(o.bitwise_xor(mix(index), low)), high))
+
+
+def _lowered_hash(o: Any, index: Any, key: Any) -> Any:
+    return _hash(o, index, key)  # looked up at each lowering: a test counts the calls
+
+
+# pointwise: the partitioner may recompute the noise in the backward from the 8-byte key rather
+# than save a mask (torch releases before custom_op took tags go without)
+_POINTWISE = (
+    {"tags": (torch.Tag.pointwise,)}
+    if "tags" in inspect.signature(torch.library.custom_op).parameters
+    else {}
+)
+
+
+@torch.library.custom_op("hasten::dropout_noise", mutates_args=(), **_POINTWISE)
+def _noise_op(key: torch.Tensor, numel: int) -> torch.Tensor:
+    """``numel`` hashed noise values (int64 in ``[0, 2**32)``) under the 0-dim int64 ``key``."""
+    return _hash(_TensorOps, torch.arange(numel, dtype=torch.int64, device=key.device), key)
+
+
+@_noise_op.register_fake
+def _noise_fake(key: torch.Tensor, numel: int) -> torch.Tensor:
+    return key.new_empty((numel,), dtype=torch.int64)
+
+
+def dropout_noise(shape: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Uniform integers in ``[0, 2**32)`` (int64), one per element, from one 62-bit key drawn
+    from the default generator; bit for bit the same eagerly and compiled."""
+    key = torch.randint(0, 2**62, (), dtype=torch.int64, device=device)
+    return _noise_op(key, math.prod(shape)).view(shape)
 
 
 def cheap_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
-    """``F.dropout(x, p, training=True)`` from 31-bit integer noise (see the module docstring)."""
-    noise = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_()
-    # 1 where noise >= threshold, else 0, in int32 arithmetic: no bool tensor anywhere, which
+    """``F.dropout(x, p, training=True)`` from hashed integer noise (see the module docstring)."""
+    if x.numel() < _HASHED_MAX and hooks_inductor.lower_pointwise_op(
+        _noise_op._opoverload, torch.int64, _lowered_hash
+    ):
+        noise, bits = dropout_noise(x.shape, x.device), 32
+    else:
+        noise, bits = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_(), 31
+    # 1 where noise >= threshold, else 0, in integer arithmetic: no bool tensor anywhere, which
     # Inductor would otherwise pick to save for the backward (1 byte, but a slow scalar store)
-    keep = ((noise - round(p * _RANGE)) >> 31) + 1
+    keep = ((noise - round(p * 2**bits)) >> (noise.element_size() * 8 - 1)) + 1
     # the scale is a Python number: applied in float and rounded once, also for bf16 inputs
     return x * keep.to(x.dtype) * (1.0 / (1.0 - p))
 
