@@ -86,6 +86,9 @@ def render_block(name: str) -> str:
     elif kind == "hasten.bench.bf16_weights":
         parts.append(_script_render("bf16_weights", data) + "\n")
         machine = data["machine"]
+    elif kind == "hasten.bench.host_memory":
+        parts.append(_script_render("host_memory", data) + "\n")
+        machine = data["machine"]
     elif kind == "hasten.bench.dropout_rng":
         parts.append(_script_render("dropout_rng", data) + "\n")
         machine = data["machine"]

@@ -36,6 +36,7 @@ from hasten.compiler.hooks import dynamo as dynamo_hooks
 from hasten.compiler.hooks import nn as nn_hooks
 from hasten.compiler.hooks.inductor import VEC_ISA_OK
 from hasten.compiler.hooks.vec_isa import start_vec_isa_probe
+from hasten.compiler.host_memory import reuse_freed_memory
 from hasten.compiler.optimizer import watch as watch_optimizers
 from hasten.compiler.plan import applies as plan_applies
 from hasten.compiler.precision import attach_grad_scaler
@@ -75,6 +76,7 @@ def compile(
     cache_dir: str | os.PathLike[str] | _Unset | None = UNSET,
     fix_known_traps: bool | _Unset = UNSET,
     fused_optimizer: bool | _Unset = UNSET,
+    reuse_host_memory: bool | _Unset = UNSET,
     warn_recompiles: int | _Unset = UNSET,
     regions: Regions | _Unset = UNSET,
     glue: Glue | _Unset = UNSET,
@@ -95,7 +97,7 @@ def compile(
             it wraps is compiled (see :mod:`hasten.compiler.traps`).
         config: A :class:`CompileConfig`; ``None`` for the defaults.
         mode, precision, passes, dynamic, fullgraph, fallback, verify_first_call, cache_dir,
-        fix_known_traps, fused_optimizer,
+        fix_known_traps, fused_optimizer, reuse_host_memory,
         warn_recompiles, regions, glue, steps, start, rank_wait_s, inductor_options: The
             :class:`CompileConfig` fields of the same name
             (documented there; validated there, when the config is built). Each one given
@@ -129,6 +131,7 @@ def compile(
         "cache_dir": cache_dir,
         "fix_known_traps": fix_known_traps,
         "fused_optimizer": fused_optimizer,
+        "reuse_host_memory": reuse_host_memory,
         "warn_recompiles": warn_recompiles,
         "regions": regions,
         "glue": glue,
@@ -141,6 +144,8 @@ def compile(
     target, note = unwrap_data_parallel(_check_model(model))
     device = module_device(target)
     cfg.check_device(device)  # before anything changes the model
+    if device.type == "cpu" and cfg.reuse_host_memory:
+        reuse_freed_memory()  # process-wide, once, logged (host_memory.py)
     record = CompileRecord()
     if note:
         record.fixes.append(note)

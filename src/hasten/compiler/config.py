@@ -152,6 +152,16 @@ class CompileConfig:
     (``fused``, ``foreach``, ``capturable``, ``differentiable``) are kept. ``False`` leaves the
     optimizer as made. See :mod:`hasten.compiler.optimizer`."""
 
+    reuse_host_memory: bool = False
+    """Opt-in, CPU under glibc: large buffers (a language model's logits and their gradient,
+    tens to hundreds of MB) reuse freed process memory instead of fresh pages from the operating
+    system at every step: ``malloc`` stops using ``mmap`` and keeps up to 2 GiB of free heap.
+    GPT-2 124M's bf16 step ran 1.35x as fast, at 10-13 % more peak RSS; glibc's aligned
+    allocations can fragment the heap (a 64 MiB buffer reallocated in a loop held 0.67 GiB).
+    Process-wide and lasting (malloc has no per-call setting), applied when a model is compiled
+    for a CPU, logged once; skipped where another allocator is preloaded or ``MALLOC_*`` is set.
+    See :mod:`hasten.compiler.host_memory`."""
+
     warn_recompiles: int = 4
     """Warn, with the guards that failed, once a compiled forward has been recompiled this many
     times: half of torch's limit (8), after which Dynamo silently runs it eagerly; a warning also
@@ -222,7 +232,13 @@ class CompileConfig:
                 "or leave glue='eager'"
             )
         _one_of("start", self.start, STARTS)
-        for name in ("fullgraph", "fix_known_traps", "verify_first_call", "fused_optimizer"):
+        for name in (
+            "fullgraph",
+            "fix_known_traps",
+            "verify_first_call",
+            "fused_optimizer",
+            "reuse_host_memory",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"CompileConfig.{name} must be True or False")
         if self.dynamic is not None and not isinstance(self.dynamic, bool):

@@ -1,0 +1,182 @@
+"""``reuse_host_memory=True`` against glibc's default malloc: step time and peak RSS.
+
+    python benchmarks/host_memory.py [--pairs 2] [--steps 12]
+        [--out benchmarks/results/host-memory.json]
+
+The setting is process-wide (``hasten.compiler.host_memory``), so each measurement is its own
+process: for each configuration, ``--pairs`` pairs of processes, malloc as it is and with the
+setting, the order alternating (off-on, then on-off). Each process builds the base-size model
+(random weights, batch 2 x 256), compiles it, runs 3 untimed steps (the first compiles; the
+Inductor cache is shared and warm after the first process) and ``--steps`` timed steps
+(``zero_grad``, forward, backward, the optimizer's ``step``), and reports the median and its
+peak RSS (``getrusage``). Configurations:
+
+=============================================  ==================================================
+configuration                                  what runs
+=============================================  ==================================================
+gpt2 hasten-bf16                               ``hasten.compile(model, precision="bf16",
+                                               regions="whole")``, default ``AdamW`` (fused by
+                                               hasten)
+gpt2 torch.compile+autocast+fused-AdamW        the informed peer; "on" applies the same malloc
+                                               setting to its process
+gpt2 hasten-fp32                               ``hasten.compile(model, regions="whole")``
+llama hasten-bf16                              as gpt2's
+=============================================  ==================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CONFIGS = (
+    ("gpt2", "hasten-bf16"),
+    ("gpt2", "torch.compile+autocast+fused-AdamW"),
+    ("gpt2", "hasten-fp32"),
+    ("llama", "hasten-bf16"),
+)
+MARK = "@@host_memory "
+
+
+def child(model_name: str, candidate: str, reuse: bool, steps: int) -> dict[str, Any]:
+    import resource
+
+    import torch
+
+    import hasten
+    from hasten.bench.models import get_model_spec
+    from hasten.compiler import host_memory
+
+    torch.set_num_threads(2)
+    spec = get_model_spec(model_name, "base")
+    model = spec.build(0).train()
+    data = spec.make_batch(torch.Generator().manual_seed(0), batch_size=2)
+    data = {k: v[:, :256] if v.dim() == 2 else v for k, v in data.items()}
+    if candidate.startswith("torch.compile"):
+        if reuse:
+            host_memory.reuse_freed_memory()
+        compiled = torch.compile(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+
+        def forward() -> Any:
+            with torch.autocast("cpu", torch.bfloat16):
+                return compiled(**data).loss
+
+    else:
+        precision = "bf16" if candidate.endswith("bf16") else "fp32"
+        hasten.compile(model, precision=precision, regions="whole", reuse_host_memory=reuse)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+
+        def forward() -> Any:
+            return model(**data).loss
+
+    def step() -> float:
+        started = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        forward().backward()
+        opt.step()
+        return time.perf_counter() - started
+
+    for _ in range(3):
+        step()
+    times = [step() for _ in range(steps)]
+    return {
+        "step_s": statistics.median(times),
+        "times_s": times,
+        "maxrss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "malloc": host_memory.state() or "as it is",
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--configs", default=",".join(f"{m}:{c}" for m, c in CONFIGS))
+    ap.add_argument("--out", type=Path, default=RESULTS / "host-memory.json")
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        model, candidate, reuse = args.child
+        out = child(model, candidate, reuse == "on", args.steps)
+        print(MARK + json.dumps(out), flush=True)
+        return 0
+
+    from hasten.bench.demo import save_json
+    from hasten.machine import machine_stamp
+
+    env = dict(
+        os.environ, HF_HUB_OFFLINE="1", TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="hm-")
+    )
+    for name in ("LD_PRELOAD", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"):
+        env.pop(name, None)
+    out: dict[str, Any] = {
+        "kind": "hasten.bench.host_memory",
+        "settings": {"size": "base", "batch": 2, "seq": 256, "steps": args.steps},
+        "machine": machine_stamp(),
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "results": [],
+    }
+    for spec in args.configs.split(","):
+        model, candidate = spec.split(":")
+        runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+        for pair in range(args.pairs):
+            for reuse in ("off", "on") if pair % 2 == 0 else ("on", "off"):
+                cmd = [sys.executable, __file__, "--steps", str(args.steps)]
+                cmd += ["--child", model, candidate, reuse]
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+                line = next((x for x in proc.stdout.splitlines() if x.startswith(MARK)), None)
+                if proc.returncode or line is None:
+                    sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+                    raise SystemExit(f"{spec} {reuse}: child failed ({proc.returncode})")
+                run = json.loads(line[len(MARK) :])
+                runs[reuse].append(run)
+                print(
+                    f"{model} {candidate} malloc {reuse}: {run['step_s']:.3f} s, "
+                    f"peak RSS {run['maxrss_gib']:.2f} GiB",
+                    flush=True,
+                )
+        out["results"].append({"model": model, "candidate": candidate, "runs": runs})
+        save_json(out, args.out)
+    out["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    save_json(out, args.out)
+    print(render(out))
+    return 0
+
+
+def render(out: dict[str, Any]) -> str:
+    """Per configuration: each process's step median and peak RSS, off and on."""
+    s = out["settings"]
+    lines = [
+        f"Base size, batch {s['batch']} x {s['seq']}, {s['steps']} timed steps a process "
+        f"(median); one process per figure, off and on alternating; load average "
+        f"{out['load_average_start']} at start, {out.get('load_average_end')} at end.",
+        "",
+        "| model | candidate | malloc as it is: step s / peak RSS GiB | with the setting: step s "
+        "/ peak RSS GiB | step speedup (median of processes) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in out["results"]:
+        cells = {
+            k: ", ".join(f"{x['step_s']:.3f} / {x['maxrss_gib']:.2f}" for x in r["runs"][k])
+            for k in ("off", "on")
+        }
+        med = {k: statistics.median(x["step_s"] for x in r["runs"][k]) for k in ("off", "on")}
+        lines.append(
+            f"| {r['model']} | {r['candidate']} | {cells['off']} | {cells['on']} "
+            f"| {med['off'] / med['on']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
