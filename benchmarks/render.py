@@ -28,6 +28,11 @@ _CONFIG = {
     "compile-cpu-base": "compile-cpu-base-gpt2` (then `-bert`, `-llama`, one at a time), then "
     "`python benchmarks/record.py compile-cpu-base",
 }
+# records a benchmark script renders itself (its ``render``): kind -> script
+_SCRIPT_KINDS = {
+    f"hasten.bench.{script}": script
+    for script in ("bf16_step", "bf16_weights", "host_memory", "dropout_rng")
+}
 BLOCK = re.compile(
     r"(<!-- BEGIN (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- END (?P=name) -->)", re.S
 )
@@ -80,17 +85,8 @@ def render_block(name: str) -> str:
     elif kind == "hasten.whole_run":
         parts.append(_whole_run(data) + "\n")
         machine = data["machine"]
-    elif kind == "hasten.bench.bf16_step":
-        parts.append(_script_render("bf16_step", data) + "\n")
-        machine = data["machine"]
-    elif kind == "hasten.bench.bf16_weights":
-        parts.append(_script_render("bf16_weights", data) + "\n")
-        machine = data["machine"]
-    elif kind == "hasten.bench.host_memory":
-        parts.append(_script_render("host_memory", data) + "\n")
-        machine = data["machine"]
-    elif kind == "hasten.bench.dropout_rng":
-        parts.append(_script_render("dropout_rng", data) + "\n")
+    elif kind in _SCRIPT_KINDS:
+        parts.append(_script_render(_SCRIPT_KINDS[kind], data) + "\n")
         machine = data["machine"]
     elif kind == "hasten.hf_whole_run":
         parts.append(_hf_whole_run(data) + "\n")
