@@ -31,7 +31,7 @@ _CONFIG = {
 # records a benchmark script renders itself (its ``render``): kind -> script
 _SCRIPT_KINDS = {
     f"hasten.bench.{script}": script
-    for script in ("bf16_step", "bf16_weights", "host_memory", "dropout_rng")
+    for script in ("bf16_step", "bf16_weights", "host_memory", "dropout_rng", "plan_prior")
 }
 BLOCK = re.compile(
     r"(<!-- BEGIN (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- END (?P=name) -->)", re.S

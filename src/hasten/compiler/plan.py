@@ -60,11 +60,13 @@ evaluation, scoring) from what it can know:
 The expected compile cost is what the last compile of the same variant of the same region
 (class, parameter shapes, settings; training and evaluation apart) took on this machine, kept in
 ``hasten-plan.json`` in the compile cache directory; the first time, a prior from the region's
-size, ``PRIOR_S + PER_MODULE_S`` per submodule (14 s for the demo's small transformer, 44 s for
-GPT-2 124M, 59 s for BERT-base, against cold compiles of 15, 54-62 and 48-55 s measured on 2
-cores, the first call's check included), and ``FORWARD_ONLY_SHARE`` of that for an evaluation
-variant (forward only). A region compiled
-before in this cache directory finds its kernels in Inductor's cache, so only the backend's share
+size: ``PRIOR_S + PER_MODULE_S`` per submodule, and on a CPU, once an eager training step was
+profiled (as for the gain, below), ``PROFILED_PRIOR_S + PER_BACKWARD_NODE_S`` per node of its
+backward graph instead, which follows the traced graph more closely (within 25 % against 37 %
+of cold compiles measured on 2 cores, 8-33 s, the first call's check included: GPT-2, BERT,
+RoBERTa and the Llama-style decoder at three sizes each; BERT's many wrapper modules add no
+graph), and ``FORWARD_ONLY_SHARE`` of that for an evaluation variant (forward only). A region
+compiled before in this cache directory finds its kernels in Inductor's cache, so only the backend's share
 of that compile shrinks: the expectation is then the last compile less ``CACHED_BACKEND_SAVES``
 of its backend seconds (measured on 2 cores, Intel Xeon: cold 28.2 s with 22.4 s in the backend
 on BERT-base, 29.4 / 22.3 s on the Llama-style decoder, whose warm compile took 7.5 s with 1.0 s in the
@@ -105,9 +107,11 @@ __all__ = [
     "GAIN_PER_FUSABLE_SHARE",
     "MIN_ESTIMATED_GAIN",
     "MIN_GAIN",
+    "PER_BACKWARD_NODE_S",
     "PER_MODULE_S",
     "PRIOR_GAIN",
     "PRIOR_S",
+    "PROFILED_PRIOR_S",
     "BlockPlan",
     "BlockSwitch",
     "Plan",
@@ -119,11 +123,20 @@ __all__ = [
     "history_key",
 ]
 
-# a fit to cold compiles measured on 2 cores (AMD EPYC, 2026-12-02), the first call's check
-# included: the demo's 2-layer transformer (27 modules) 15.5 s, GPT-2 124M (163) 54-62 s,
-# BERT-base (233) 48-55 s; the prior is within about 25 % of each
-PRIOR_S = 8.0
-PER_MODULE_S = 0.22
+# The expected compile seconds before anything was compiled here. A fit to cold compiles of
+# the benchmark models (GPT-2, BERT, RoBERTa, Llama-style, each tiny / small / base: 8-33 s),
+# fp32, the first call's check included, 2-core AMD EPYC, 2026-12-05
+# (benchmarks/results/plan-compile-prior.json). From the module count alone: within 37 % of
+# each, 15 % on average (the fit before, 8 s + 0.22 s a module from 2026-12-02, read 33-143 % high there: BERT's
+# wrapper modules count without adding graph, and today's compiles are faster)...
+PRIOR_S = 4.5
+PER_MODULE_S = 0.10
+# ...and, once an eager training step was profiled (on a CPU, as for the gain), from its
+# backward graph's nodes, which track the graph a compile traces and lowers: within 25 %
+# of each (GPT-2 124M's the furthest, 25 % low: its first call's check runs a 50257-word
+# vocabulary eagerly), 9 % on average
+PROFILED_PRIOR_S = 4.2
+PER_BACKWARD_NODE_S = 0.024
 PRIOR_GAIN = 0.2  # a compiled step 20 % shorter than eager's (1.25x): the low end measured
 # Before any measurement on a CPU, the plan profiles one eager training step instead: what a
 # compile can fuse is the step outside matmuls, attention and convolution kernels and the
@@ -181,6 +194,7 @@ _TIMED_STEPS = 2  # eager steps timed, at least, before a known-length plan deci
 _SETTLE_STEPS = 4  # and at least this many where the run allows (steps // 20): GPT-2 124M's
 # first three steps in a new process took 2.6, 2.4, 2.4 s, the fourth 1.5 s, as later ones
 _MAX_TIMED = 10  # and at most, while the step times still fall (Plan._timed_enough)
+_BACKWARD_NODE = "autograd::engine::evaluate_function: "  # the profiler's name of a node run
 _HISTORY = "hasten-plan.json"
 _LOCK = threading.Lock()
 
@@ -412,9 +426,18 @@ class Plan:
         try:
             with _quiet_stderr():
                 prof.stop()
-            share = fusable_share((e.key, e.self_cpu_time_total) for e in prof.key_averages())
+            ops = [(e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages()]
         except Exception:  # an estimate is optional: keep the prior
             return
+        nodes = sum(n for key, _, n in ops if key.startswith(_BACKWARD_NODE))
+        if nodes and v.source == "estimated":  # nothing measured here: a better prior
+            self.prior_s = profiled_prior_seconds(nodes)
+            v.expected_s = self.prior_s
+            v.source = f"estimated from the {nodes} backward nodes of a profiled eager step"
+            for other in self.variants.values():  # evaluation variants made before this
+                if other is not v and other.source == "estimated" and not other.grad:
+                    other.expected_s = FORWARD_ONLY_SHARE * self.prior_s
+        share = fusable_share((key, t) for key, t, _ in ops)
         if share is None:
             return
         v.gain = estimated_gain(share)
@@ -672,6 +695,12 @@ def history_key(key: str, variant: str, regions: str = "whole") -> str:
 def prior_seconds(module: nn.Module) -> float:
     """The expected compile seconds of ``module`` when nothing was measured."""
     return PRIOR_S + PER_MODULE_S * sum(1 for _ in module.modules())
+
+
+def profiled_prior_seconds(backward_nodes: int) -> float:
+    """The expected compile seconds of a region whose profiled eager training step ran
+    ``backward_nodes`` autograd nodes, when nothing was measured."""
+    return PROFILED_PRIOR_S + PER_BACKWARD_NODE_S * backward_nodes
 
 
 def _expected_compile(known: dict[str, float], prior_s: float) -> tuple[float, str, bool]:

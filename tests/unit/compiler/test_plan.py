@@ -686,3 +686,48 @@ def test_the_gain_is_not_profiled_under_the_users_profiler_or_once_measured(cloc
     for _ in range(3):
         _step(q, clock, 1.0)
     assert q.variants["train_grad"].gain == 0.3 and not q.variants["train_grad"].profiled
+
+
+def _backward_work() -> None:
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(8, 64)
+    (torch.tanh(x @ w) * 2.0 + 1.0).sum().backward()
+
+
+def test_the_profiled_step_replaces_the_module_count_prior_by_its_backward_nodes(clock, tmp_path):
+    p = Plan("k", "Net", prior_s=300.0, steps=1000, history_dir=str(tmp_path), profile_gain=True)
+    _step(p, clock, 1.0, variant="eval_no_grad", grad=False)  # an evaluation made before
+    for _ in range(3):
+        p.compile_now("train_grad", True)
+        _backward_work()  # mm, tanh, mul, add, sum: 5 nodes, and the leaf's AccumulateGrad
+        clock.now += 1.0
+        p.finished("train_grad", True, clock.now - 1.0, compiled_now=False)
+    v = p.variants["train_grad"]
+    assert v.profiled
+    nodes = round((v.expected_s - plan_mod.PROFILED_PRIOR_S) / plan_mod.PER_BACKWARD_NODE_S)
+    assert 5 <= nodes <= 8 and v.expected_s < 10.0  # not the 300 s module-count prior
+    assert f"{nodes} backward nodes of a profiled eager step" in v.source
+    ev = p.variants["eval_no_grad"]
+    assert ev.expected_s == pytest.approx(plan_mod.FORWARD_ONLY_SHARE * v.expected_s)
+    # a compile measured here before is what it expects, profiled or not
+    plan_mod._update_history(
+        str(tmp_path), plan_mod.history_key("k2", "train_grad"), {"compile_s": 42.0}
+    )
+    q = Plan("k2", "Net", prior_s=300.0, steps=1000, history_dir=str(tmp_path), profile_gain=True)
+    for _ in range(3):
+        q.compile_now("train_grad", True)
+        _backward_work()
+        clock.now += 1.0
+        q.finished("train_grad", True, clock.now - 1.0, compiled_now=False)
+    w = q.variants["train_grad"]
+    assert w.profiled and w.expected_s == 42.0 and w.source == "measured here before"
+
+
+def test_the_priors_follow_the_module_count_and_the_backward_nodes():
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))  # 4 modules
+    assert plan_mod.prior_seconds(net) == pytest.approx(
+        plan_mod.PRIOR_S + 4 * plan_mod.PER_MODULE_S
+    )
+    assert plan_mod.profiled_prior_seconds(1000) == pytest.approx(
+        plan_mod.PROFILED_PRIOR_S + 1000 * plan_mod.PER_BACKWARD_NODE_S
+    )
