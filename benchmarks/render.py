@@ -31,7 +31,14 @@ _CONFIG = {
 # records a benchmark script renders itself (its ``render``): kind -> script
 _SCRIPT_KINDS = {
     f"hasten.bench.{script}": script
-    for script in ("bf16_step", "bf16_weights", "host_memory", "dropout_rng", "plan_prior")
+    for script in (
+        "bf16_step",
+        "bf16_weights",
+        "host_memory",
+        "dropout_rng",
+        "plan_prior",
+        "pass_ab",
+    )
 }
 BLOCK = re.compile(
     r"(<!-- BEGIN (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- END (?P=name) -->)", re.S

@@ -190,6 +190,28 @@ def _lm_batch(g: torch.Generator) -> tuple[Any, ...]:
     return torch.randn(256, 8, generator=g), torch.randint(0, 4096, (256,), generator=g)
 
 
+class TiedEmbeddingLM(nn.Module):
+    """An output layer sharing the embedding's weight (GPT-2's ``wte``), padding token 0."""
+
+    def __init__(self, tied: bool = True) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(64, 16, padding_idx=0)
+        self.head = nn.Linear(16, 64, bias=False)
+        if tied:
+            self.head.weight = self.emb.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        logits = self.head(torch.tanh(self.emb(tokens)))
+        return F.cross_entropy(logits.flatten(0, 1), tokens.flatten().roll(1))
+
+
+def _tied_tokens(g: torch.Generator) -> tuple[Any, ...]:
+    tokens = torch.randint(0, 64, (2, 24), generator=g)
+    tokens[0, :4] = 0  # padding
+    tokens[1, :6] = 5  # a repeated token
+    return (tokens,)
+
+
 class TanhMLP(nn.Module):
     """The first bias feeds tanh only (unfused); the second is the output (left fused)."""
 
@@ -337,6 +359,10 @@ PASS_CASES: dict[str, list[PassCase]] = {
         PassCase("no_attention_dropout", lambda: MaskedAttentionDropout(0.0), _attention_inputs, 0),
     ],
     "unfuse_bias_add": [PassCase("bias_into_tanh", TanhMLP, _x(4, 8), 1)],
+    "tied_embedding_grad": [
+        PassCase("tied_with_padding", TiedEmbeddingLM, _tied_tokens, 1),
+        PassCase("untied_left_alone", lambda: TiedEmbeddingLM(tied=False), _tied_tokens, 0),
+    ],
     "fused_linear_cross_entropy": [
         # (several chunks: tests/unit/compiler/test_linear_ce.py)
         PassCase("loss_only_mean_ignored_rows", LossOnlyLM, _lm_rows, 1),

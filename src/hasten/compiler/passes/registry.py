@@ -204,6 +204,7 @@ _BUILTIN_ORDER = (
     "fused_linear_cross_entropy",
     "split_at_returned_logits",
     "unfuse_bias_add",
+    "tied_embedding_grad",
 )
 
 
@@ -220,4 +221,5 @@ def _load_builtin_passes() -> None:
             linear_ce,
             simplify,
             split,
+            tied_embedding,
         )
