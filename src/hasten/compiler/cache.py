@@ -218,11 +218,17 @@ def _being_written(root: str, name: str) -> bool:
     return False
 
 
+# files Inductor leaves empty on purpose: newer torch (2.15) marks a vectorisation probe library
+# that loaded with an empty ``<library>.so.load_ok`` next to it
+_EMPTY_BY_DESIGN = (".load_ok",)
+
+
 def scan(path: str | os.PathLike[str] | None = None) -> CacheScan:
     """Count a cache directory's entries and find the corrupt ones (``None``: :func:`cache_dir`).
 
-    Corrupt: a shared library shorter than its ELF headers require, or an empty file, unless
-    a compile holds its lock (it is being written).
+    Corrupt: a shared library shorter than its ELF headers require, or an empty file (other
+    than the markers Inductor leaves empty), unless a compile holds its lock (it is being
+    written).
     """
     root = cache_dir(path)
     if not os.path.isdir(root):
@@ -248,6 +254,8 @@ def scan(path: str | os.PathLike[str] | None = None) -> CacheScan:
             if name.endswith(".so"):
                 kernels += 1
                 problem = _elf_problem(full, size)
+            elif name.endswith(_EMPTY_BY_DESIGN):
+                problem = None
             else:
                 problem = "empty file" if size == 0 else None
             if problem is not None and not _being_written(root, name):

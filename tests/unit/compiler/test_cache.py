@@ -77,6 +77,12 @@ def test_empty_graph_entry_is_corrupt(fake_cache):
     assert [c.reason for c in cache.scan(fake_cache).corrupt] == ["empty file"]
 
 
+def test_an_empty_load_ok_marker_is_not_corrupt(fake_cache):
+    # torch 2.15 marks the vectorisation probe library that loaded with an empty file
+    (fake_cache / "ab" / "cabc.main.so.load_ok").write_bytes(b"")
+    assert cache.scan(fake_cache).corrupt == ()
+
+
 def test_export_import_round_trip_leaves_out_corrupt_entries(fake_cache, tmp_path):
     (fake_cache / "cd").mkdir()
     shutil.copy(fake_cache / "ab" / "cabc.main.so", fake_cache / "cd" / "ccd.so")
