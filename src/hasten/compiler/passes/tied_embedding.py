@@ -62,7 +62,11 @@ def tied_embedding_grad(
 ) -> torch.fx.GraphModule:
     """``add(dense, masked_index_put_accumulate(zeros, ...))`` -> the scatter into ``dense``."""
     graph = gm.graph
-    target = aten._unsafe_masked_index_put_accumulate.default
+    # (the op AOTAutograd writes the embedding's backward with, since torch 2.5; absent before)
+    packet = getattr(aten, "_unsafe_masked_index_put_accumulate", None)
+    if packet is None:
+        return gm
+    target = packet.default
     for put in list(graph.find_nodes(op="call_function", target=target)):
         zeros, mask, indices, rows = put.args[:4]
         if not _zeros(zeros) or len(zeros.users) != 1 or len(put.users) != 1:
