@@ -35,13 +35,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _interleaved import candidate_rows, interleave, run_child
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GROUPS = {
@@ -114,12 +113,7 @@ def child(args: argparse.Namespace) -> int:
         steps[name], first[name] = _build(name, args.model, args.batch, args.seq)
         for _ in range(2):
             steps[name]()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(args.rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            started = time.perf_counter()
-            steps[name]()
-            times[name].append(time.perf_counter() - started)
+    times = interleave(steps, args.rounds)
     print("@@dropout_rng " + json.dumps({"first_step_s": first, "step_s": times}), flush=True)
     return 0
 
@@ -186,39 +180,10 @@ def main() -> int:
     }
     for model in args.models.split(","):
         for group in args.groups.split(","):
-            env = dict(
-                os.environ,
-                HF_HUB_OFFLINE="1",
-                TORCHINDUCTOR_FX_GRAPH_CACHE="0",
-                TORCHINDUCTOR_AUTOGRAD_CACHE="0",
-                TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="dropout_rng-"),
-            )
             cmd = [sys.executable, __file__, "--child", "--model", model, "--group", group]
             cmd += ["--rounds", str(args.rounds), "--batch", str(args.batch)]
             cmd += ["--seq", str(args.seq), "--threads", str(args.threads)]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-            line = next(
-                (x for x in proc.stdout.splitlines() if x.startswith("@@dropout_rng ")), None
-            )
-            if proc.returncode or line is None:
-                sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-                raise SystemExit(f"{model}/{group}: child failed ({proc.returncode})")
-            raw = json.loads(line.split(" ", 1)[1])
-            rows = []
-            for name, ts in raw["step_s"].items():
-                rows.append(
-                    {
-                        "candidate": name,
-                        "step_s": statistics.median(ts),
-                        "min_s": min(ts),
-                        "max_s": max(ts),
-                        "first_step_s": raw["first_step_s"][name],
-                        "times_s": ts,
-                    }
-                )
-            peer = rows[0]["step_s"]
-            for row in rows:
-                row["vs_peer"] = peer / row["step_s"]
+            rows = candidate_rows(run_child(cmd, "@@dropout_rng ", f"{model}/{group}"))
             out["results"].append({"model": model, "group": group, "candidates": rows})
             save_json(out, args.out)
             for row in rows:

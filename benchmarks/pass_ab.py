@@ -29,13 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _interleaved import candidate_rows, interleave, run_child
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MARK = "@@pass_ab "
@@ -94,12 +93,7 @@ def child(args: argparse.Namespace) -> int:
         steps[name], first[name] = _build(name, args.pass_name, args.model, args.batch, args.seq)
         for _ in range(3):
             steps[name]()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(args.rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            started = time.perf_counter()
-            steps[name]()
-            times[name].append(time.perf_counter() - started)
+    times = interleave(steps, args.rounds)
     print(MARK + json.dumps({"first_step_s": first, "step_s": times}), flush=True)
     return 0
 
@@ -170,38 +164,11 @@ def main() -> int:
     }
     for model in args.models.split(","):
         for group in args.groups.split(","):
-            env = dict(
-                os.environ,
-                HF_HUB_OFFLINE="1",
-                TORCHINDUCTOR_FX_GRAPH_CACHE="0",
-                TORCHINDUCTOR_AUTOGRAD_CACHE="0",
-                TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="pass_ab-"),
-            )
             cmd = [sys.executable, __file__, "--child", "--pass", args.pass_name]
             cmd += ["--model", model, "--group", group, "--rounds", str(args.rounds)]
             cmd += ["--batch", str(args.batch), "--seq", str(args.seq)]
             cmd += ["--threads", str(args.threads)]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-            line = next((x for x in proc.stdout.splitlines() if x.startswith(MARK)), None)
-            if proc.returncode or line is None:
-                sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-                raise SystemExit(f"{model}/{group}: child failed ({proc.returncode})")
-            raw = json.loads(line[len(MARK) :])
-            peer = statistics.median(raw["step_s"][PEERS[group]])
-            rows = []
-            for name, ts in raw["step_s"].items():
-                median = statistics.median(ts)
-                rows.append(
-                    {
-                        "candidate": name,
-                        "step_s": median,
-                        "min_s": min(ts),
-                        "max_s": max(ts),
-                        "vs_peer": peer / median,
-                        "first_step_s": raw["first_step_s"][name],
-                        "steps_s": ts,
-                    }
-                )
+            rows = candidate_rows(run_child(cmd, MARK, f"{model}/{group}"))
             out["results"].append({"model": model, "group": group, "candidates": rows})
             print(f"{model}/{group}: " + ", ".join(
                 f"{c['candidate']} {c['step_s']:.3f} s" for c in rows), flush=True)  # fmt: skip
