@@ -14,6 +14,49 @@ from collections.abc import Callable
 from typing import Any
 
 
+def build_step(
+    name: str, model_name: str, batch: int, seq: int, **hasten_options: Any
+) -> Callable[[], None]:
+    """One candidate's training step on a base-size model (random weights, ``batch`` x ``seq``
+    tokens, AdamW lr 1e-4, weight decay 0.01, the model's own loss): ``zero_grad``, forward,
+    backward, ``step()``. A name starting ``torch.compile`` is the peer (``torch.compile``,
+    ``AdamW(fused=True)``, bf16 autocast if the name says ``autocast``); any other is
+    ``hasten.compile(model, precision=..., regions="whole", **hasten_options)`` (bf16 if the name
+    says so) with a default AdamW, which hasten fuses. Nothing runs until the step is called."""
+    import torch
+
+    import hasten
+    from hasten.bench.models import get_model_spec
+
+    spec = get_model_spec(model_name, "base")
+    model = spec.build(0).train()
+    data = spec.make_batch(torch.Generator().manual_seed(0), batch_size=batch)
+    data = {k: v[:, :seq] if v.dim() == 2 else v for k, v in data.items()}
+    if name.startswith("torch.compile"):
+        compiled = torch.compile(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+        autocast = "autocast" in name
+
+        def forward() -> Any:
+            with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+                return compiled(**data).loss
+
+    else:
+        precision = "bf16" if "bf16" in name else "fp32"
+        hasten.compile(model, precision=precision, regions="whole", **hasten_options)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+
+        def forward() -> Any:
+            return model(**data).loss
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        forward().backward()
+        opt.step()
+
+    return step
+
+
 def interleave(steps: dict[str, Callable[[], None]], rounds: int) -> dict[str, list[float]]:
     """Each round times one step of every candidate, the order rotated each round."""
     names = list(steps)

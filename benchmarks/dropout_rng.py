@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _interleaved import candidate_rows, interleave, run_child
+from _interleaved import build_step, candidate_rows, interleave, run_child
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GROUPS = {
@@ -59,38 +59,9 @@ def _random_dropout(x: Any, p: float) -> Any:
 
 
 def _build(name: str, model_name: str, batch: int, seq: int) -> Any:
-    import torch
-
-    import hasten
     import hasten.compiler.passes.dropout as dm
-    from hasten.bench.models import get_model_spec
 
-    spec = get_model_spec(model_name, "base")
-    model = spec.build(0).train()
-    data = spec.make_batch(torch.Generator().manual_seed(0), batch_size=batch)
-    data = {k: v[:, :seq] if v.dim() == 2 else v for k, v in data.items()}
-    if name.startswith("torch.compile"):
-        compiled = torch.compile(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
-        autocast = "autocast" in name
-
-        def forward() -> Any:
-            with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
-                return compiled(**data).loss
-
-    else:
-        precision = "bf16" if "bf16" in name else "fp32"
-        hasten.compile(model, precision=precision, regions="whole")
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-
-        def forward() -> Any:
-            return model(**data).loss
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        forward().backward()
-        opt.step()
-
+    step = build_step(name, model_name, batch, seq)
     hashed = dm.cheap_dropout
     if name.endswith("random_"):
         dm.cheap_dropout = _random_dropout  # the pass inserts whatever the module holds

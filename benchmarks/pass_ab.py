@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _interleaved import candidate_rows, interleave, run_child
+from _interleaved import build_step, candidate_rows, interleave, run_child
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MARK = "@@pass_ab "
@@ -46,38 +46,9 @@ def _candidates(group: str, pass_name: str) -> tuple[str, ...]:
 
 
 def _build(name: str, pass_name: str, model_name: str, batch: int, seq: int) -> Any:
-    import torch
-
-    import hasten
-    from hasten.bench.models import get_model_spec
-
-    spec = get_model_spec(model_name, "base")
-    model = spec.build(0).train()
-    data = spec.make_batch(torch.Generator().manual_seed(0), batch_size=batch)
-    data = {k: v[:, :seq] if v.dim() == 2 else v for k, v in data.items()}
-    if name.startswith("torch.compile"):
-        compiled = torch.compile(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
-        autocast = "autocast" in name
-
-        def forward() -> Any:
-            with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
-                return compiled(**data).loss
-
-    else:
-        precision = "bf16" if "bf16" in name else "fp32"
-        passes = {pass_name: False} if name.endswith(f"-without-{pass_name}") else {}
-        hasten.compile(model, precision=precision, regions="whole", passes=passes)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-
-        def forward() -> Any:
-            return model(**data).loss
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        forward().backward()
-        opt.step()
-
+    passes = {pass_name: False} if name.endswith(f"-without-{pass_name}") else {}
+    options = {} if name.startswith("torch.compile") else {"passes": passes}
+    step = build_step(name, model_name, batch, seq, **options)
     started = time.perf_counter()
     step()
     return step, time.perf_counter() - started
