@@ -1,7 +1,12 @@
 """``reuse_host_memory=True`` against glibc's default malloc: step time and peak RSS.
 
-    python benchmarks/host_memory.py [--pairs 2] [--steps 12]
+    python benchmarks/host_memory.py [--pairs 2] [--steps 12] [--thp]
         [--out benchmarks/results/host-memory.json]
+
+With ``--thp`` the "on" arm is PyTorch's own ``THP_MEM_ALLOC_ENABLE=1`` in the process's
+environment instead (large CPU buffers 2 MiB-aligned and marked for transparent huge pages, so a
+fresh buffer faults in 2 MiB at a time; read once when torch starts, so it cannot be switched on
+later), malloc left as it is; the default output is then ``results/host-memory-thp.json``.
 
 The setting is process-wide (``hasten.compiler.host_memory``), so each measurement is its own
 process: for each configuration, ``--pairs`` pairs of processes, malloc as it is and with the
@@ -102,12 +107,13 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--configs", default=",".join(f"{m}:{c}" for m, c in CONFIGS))
-    ap.add_argument("--out", type=Path, default=RESULTS / "host-memory.json")
+    ap.add_argument("--thp", action="store_true", help="compare THP_MEM_ALLOC_ENABLE=1 instead")
+    ap.add_argument("--out", type=Path)
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         model, candidate, reuse = args.child
-        out = child(model, candidate, reuse == "on", args.steps)
+        out = child(model, candidate, reuse == "on" and not args.thp, args.steps)
         print(MARK + json.dumps(out), flush=True)
         return 0
 
@@ -117,11 +123,18 @@ def main() -> int:
     env = dict(
         os.environ, HF_HUB_OFFLINE="1", TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="hm-")
     )
-    for name in ("LD_PRELOAD", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"):
+    for name in (
+        "LD_PRELOAD",
+        "MALLOC_MMAP_MAX_",
+        "MALLOC_TRIM_THRESHOLD_",
+        "THP_MEM_ALLOC_ENABLE",
+    ):
         env.pop(name, None)
+    path = args.out or RESULTS / ("host-memory-thp.json" if args.thp else "host-memory.json")
+    arm = "THP_MEM_ALLOC_ENABLE=1" if args.thp else "reuse_host_memory=True"
     out: dict[str, Any] = {
         "kind": "hasten.bench.host_memory",
-        "settings": {"size": "base", "batch": 2, "seq": 256, "steps": args.steps},
+        "settings": {"size": "base", "batch": 2, "seq": 256, "steps": args.steps, "arm": arm},
         "machine": machine_stamp(),
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "results": [],
@@ -132,8 +145,9 @@ def main() -> int:
         for pair in range(args.pairs):
             for reuse in ("off", "on") if pair % 2 == 0 else ("on", "off"):
                 cmd = [sys.executable, __file__, "--steps", str(args.steps)]
-                cmd += ["--child", model, candidate, reuse]
-                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+                cmd += ["--child", model, candidate, reuse] + (["--thp"] if args.thp else [])
+                run_env = dict(env, THP_MEM_ALLOC_ENABLE="1") if args.thp and reuse == "on" else env
+                proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, check=False)
                 line = next((x for x in proc.stdout.splitlines() if x.startswith(MARK)), None)
                 if proc.returncode or line is None:
                     sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
@@ -141,14 +155,14 @@ def main() -> int:
                 run = json.loads(line[len(MARK) :])
                 runs[reuse].append(run)
                 print(
-                    f"{model} {candidate} malloc {reuse}: {run['step_s']:.3f} s, "
+                    f"{model} {candidate} {arm} {reuse}: {run['step_s']:.3f} s, "
                     f"peak RSS {run['maxrss_gib']:.2f} GiB",
                     flush=True,
                 )
         out["results"].append({"model": model, "candidate": candidate, "runs": runs})
-        save_json(out, args.out)
+        save_json(out, path)
     out["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    save_json(out, args.out)
+    save_json(out, path)
     print(render(out))
     return 0
 
@@ -161,8 +175,9 @@ def render(out: dict[str, Any]) -> str:
         f"(median); one process per figure, off and on alternating; load average "
         f"{out['load_average_start']} at start, {out.get('load_average_end')} at end.",
         "",
-        "| model | candidate | malloc as it is: step s / peak RSS GiB | with the setting: step s "
-        "/ peak RSS GiB | step speedup (median of processes) |",
+        "| model | candidate | as it is: step s / peak RSS GiB | with "
+        f"`{s.get('arm', 'reuse_host_memory=True')}`: step s / peak RSS GiB | step speedup "
+        "(median of processes) |",
         "|---|---|---|---|---|",
     ]
     for r in out["results"]:
