@@ -87,6 +87,28 @@ def run_child(cmd: list[str], mark: str, label: str) -> dict[str, Any]:
     return json.loads(line[len(mark) :])
 
 
+def record(kind: str, args: Any, **settings: Any) -> dict[str, Any]:
+    """A new record of these scripts: base size, ``args``' batch, sequence, rounds and threads
+    (and ``settings``), Inductor caches off, the machine and its load average."""
+    from hasten.machine import machine_stamp
+
+    return {
+        "kind": kind,
+        "settings": {
+            **settings,
+            "size": "base",
+            "batch": args.batch,
+            "seq": args.seq,
+            "rounds": args.rounds,
+            "threads": args.threads,
+            "inductor_cache": "off (FX graph and AOTAutograd caches disabled)",
+        },
+        "machine": machine_stamp(),
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "results": [],
+    }
+
+
 def candidate_rows(raw: dict[str, Any]) -> list[dict[str, Any]]:
     """Per candidate: the median step, its range, the first step, and the speed against the
     first candidate (the peer)."""

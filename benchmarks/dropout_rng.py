@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _interleaved import build_step, candidate_rows, interleave, run_child
+from _interleaved import build_step, candidate_rows, interleave, record, run_child
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GROUPS = {
@@ -133,22 +133,8 @@ def main() -> int:
         return child(args)
 
     from hasten.bench.demo import save_json
-    from hasten.machine import machine_stamp
 
-    out: dict[str, Any] = {
-        "kind": "hasten.bench.dropout_rng",
-        "settings": {
-            "size": "base",
-            "batch": args.batch,
-            "seq": args.seq,
-            "rounds": args.rounds,
-            "threads": args.threads,
-            "inductor_cache": "off (FX graph and AOTAutograd caches disabled)",
-        },
-        "machine": machine_stamp(),
-        "load_average_start": [round(x, 2) for x in os.getloadavg()],
-        "results": [],
-    }
+    out = record("hasten.bench.dropout_rng", args)
     for model in args.models.split(","):
         for group in args.groups.split(","):
             cmd = [sys.executable, __file__, "--child", "--model", model, "--group", group]

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _interleaved import build_step, candidate_rows, interleave, run_child
+from _interleaved import build_step, candidate_rows, interleave, record, run_child
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MARK = "@@pass_ab "
@@ -113,26 +113,11 @@ def main() -> int:
 
     from hasten.bench.demo import save_json
     from hasten.compiler.passes import pass_names
-    from hasten.machine import machine_stamp
 
     if args.pass_name not in pass_names():
         raise SystemExit(f"unknown pass {args.pass_name!r}; hasten's passes: {pass_names()}")
     path = args.out or RESULTS / f"pass-{args.pass_name.replace('_', '-')}.json"
-    out: dict[str, Any] = {
-        "kind": "hasten.bench.pass_ab",
-        "settings": {
-            "pass": args.pass_name,
-            "size": "base",
-            "batch": args.batch,
-            "seq": args.seq,
-            "rounds": args.rounds,
-            "threads": args.threads,
-            "inductor_cache": "off (FX graph and AOTAutograd caches disabled)",
-        },
-        "machine": machine_stamp(),
-        "load_average_start": [round(x, 2) for x in os.getloadavg()],
-        "results": [],
-    }
+    out = record("hasten.bench.pass_ab", args, **{"pass": args.pass_name})
     for model in args.models.split(","):
         for group in args.groups.split(","):
             cmd = [sys.executable, __file__, "--child", "--pass", args.pass_name]
