@@ -1,5 +1,7 @@
 """Shared by the scripts that time training-step candidates interleaved in one child process
-(``dropout_rng.py``, ``pass_ab.py``): the rounds, the child's run, and the rows of a record."""
+(``dropout_rng.py``, ``pass_ab.py``): the rounds, the child's run, and the rows of a record; and
+:func:`child_json`, how every script that measures in child processes runs one
+(``host_memory.py`` and ``plan_prior.py`` too)."""
 
 from __future__ import annotations
 
@@ -79,6 +81,12 @@ def run_child(cmd: list[str], mark: str, label: str) -> dict[str, Any]:
         TORCHINDUCTOR_AUTOGRAD_CACHE="0",
         TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="interleaved-"),
     )
+    return child_json(cmd, mark, label, env)
+
+
+def child_json(cmd: list[str], mark: str, label: str, env: dict[str, str]) -> dict[str, Any]:
+    """Run a child (``cmd``, in ``env``) and return the JSON it printed after ``mark``; exit with
+    the end of its output where it failed or printed none."""
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     line = next((x for x in proc.stdout.splitlines() if x.startswith(mark)), None)
     if proc.returncode or line is None:

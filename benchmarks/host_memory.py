@@ -35,12 +35,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _interleaved import child_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIGS = (
@@ -147,12 +148,7 @@ def main() -> int:
                 cmd = [sys.executable, __file__, "--steps", str(args.steps)]
                 cmd += ["--child", model, candidate, reuse] + (["--thp"] if args.thp else [])
                 run_env = dict(env, THP_MEM_ALLOC_ENABLE="1") if args.thp and reuse == "on" else env
-                proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, check=False)
-                line = next((x for x in proc.stdout.splitlines() if x.startswith(MARK)), None)
-                if proc.returncode or line is None:
-                    sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-                    raise SystemExit(f"{spec} {reuse}: child failed ({proc.returncode})")
-                run = json.loads(line[len(MARK) :])
+                run = child_json(cmd, MARK, f"{spec} {reuse}", run_env)
                 runs[reuse].append(run)
                 print(
                     f"{model} {candidate} {arm} {reuse}: {run['step_s']:.3f} s, "

@@ -23,12 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _interleaved import child_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MARK = "PLAN_PRIOR "
@@ -113,12 +114,7 @@ def main() -> int:
         env = dict(os.environ, HF_HUB_OFFLINE="1")
         env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="prior-")
         cmd = [sys.executable, __file__, "--child", name]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-        line = next((x for x in proc.stdout.splitlines() if x.startswith(MARK)), None)
-        if proc.returncode or line is None:
-            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-            raise SystemExit(f"{name}: child failed ({proc.returncode})")
-        row = json.loads(line[len(MARK) :])
+        row = child_json(cmd, MARK, name, env)
         out["results"].append(row)
         print(json.dumps(row), flush=True)
         save_json(out, args.out)
