@@ -11,9 +11,10 @@ Llama-style decoder's 65 MB logits gradient took 43 ms, most of it page faults.
 where freed memory is reused) and ``M_TRIM_THRESHOLD`` to 2 GiB (free memory at the heap's top
 is kept until it exceeds that). Measured (``benchmarks/host_memory.py``,
 ``results/host-memory.json``): GPT-2 124M's bf16 step 1.35x as fast at 10-13 % more peak
-RSS, the Llama-style decoder's 1.10x at the same. The cost: PyTorch allocates with ``posix_memalign``, and glibc's aligned allocations ask
-for more than the freed block of the same size, so the heap can fragment: a 64 MiB buffer
-allocated and freed in a loop settled at 0.67 GiB of resident memory (tested). jemalloc or
+RSS, the Llama-style decoder's 1.10x at the same. The cost: PyTorch allocates with
+``posix_memalign``, and glibc's aligned allocations ask for more than the freed block of the
+same size, so the heap can fragment: a 64 MiB buffer allocated and freed in a loop settled at
+0.67 GiB of resident memory (tested). jemalloc or
 tcmalloc, preloaded (as PyTorch's CPU launcher ``torch.backends.xeon.run_cpu`` does), avoid
 both the faults and that fragmentation; this is for where neither is installed.
 

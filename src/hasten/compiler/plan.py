@@ -66,8 +66,8 @@ backward graph instead, which follows the traced graph more closely (within 25 %
 of cold compiles measured on 2 cores, 8-33 s, the first call's check included: GPT-2, BERT,
 RoBERTa and the Llama-style decoder at three sizes each; BERT's many wrapper modules add no
 graph), and ``FORWARD_ONLY_SHARE`` of that for an evaluation variant (forward only). A region
-compiled before in this cache directory finds its kernels in Inductor's cache, so only the backend's share
-of that compile shrinks: the expectation is then the last compile less ``CACHED_BACKEND_SAVES``
+compiled before in this cache directory finds its kernels in Inductor's cache, so only the
+backend's share of that compile shrinks: the expectation is then the last compile less ``CACHED_BACKEND_SAVES``
 of its backend seconds (measured on 2 cores, Intel Xeon: cold 28.2 s with 22.4 s in the backend
 on BERT-base, 29.4 / 22.3 s on the Llama-style decoder, whose warm compile took 7.5 s with 1.0 s in the
 backend), unless ``TORCHINDUCTOR_FX_GRAPH_CACHE=0`` switches that cache off. The gain is the
@@ -127,8 +127,9 @@ __all__ = [
 # the benchmark models (GPT-2, BERT, RoBERTa, Llama-style, each tiny / small / base: 8-33 s),
 # fp32, the first call's check included, 2-core AMD EPYC, 2026-12-05
 # (benchmarks/results/plan-compile-prior.json). From the module count alone: within 37 % of
-# each, 15 % on average (the fit before, 8 s + 0.22 s a module from 2026-12-02, read 33-143 % high there: BERT's
-# wrapper modules count without adding graph, and today's compiles are faster)...
+# each, 15 % on average (the fit before, 8 s + 0.22 s a module from 2026-12-02, read 33-143 %
+# high there: BERT's wrapper modules count without adding graph, and today's compiles are
+# faster)...
 PRIOR_S = 4.5
 PER_MODULE_S = 0.10
 # ...and, once an eager training step was profiled (on a CPU, as for the gain), from its

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from hasten.compiler.passes._fx import example_value
 from hasten.compiler.passes.registry import record, register_pass
 
 __all__ = ["tied_embedding_grad"]
@@ -50,10 +51,6 @@ def _zeros(node: Any) -> bool:
         and len(node.args) >= 2
         and node.args[1] == 0
     )
-
-
-def _val(node: Any) -> Any:
-    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
 @register_pass("tied_embedding_grad", stage="post_grad", default=True)
@@ -77,7 +74,7 @@ def tied_embedding_grad(
         dense = add.args[0] if add.args[1] is put else add.args[1]
         if dense is put or not isinstance(dense, torch.fx.Node):
             continue
-        vals = [_val(n) for n in (dense, put, add, mask, rows)]
+        vals = [example_value(n) for n in (dense, put, add, mask, rows)]
         if not all(isinstance(v, torch.Tensor) for v in vals):
             continue
         dense_v, put_v, add_v, mask_v, rows_v = vals
@@ -107,7 +104,7 @@ def tied_embedding_grad(
                     clamped.append(None)
                     continue
                 low = graph.call_function(aten.clamp_min.default, (index, -shape[dim]))
-                low.meta["val"] = torch.clamp_min(_val(index), -shape[dim])
+                low.meta["val"] = torch.clamp_min(example_value(index), -shape[dim])
                 node = graph.call_function(aten.clamp_max.default, (low, shape[dim] - 1))
                 node.meta["val"] = torch.clamp_max(low.meta["val"], shape[dim] - 1)
                 clamped.append(node)
