@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _interleaved import child_json
+from _interleaved import build_step, child_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIGS = (
@@ -58,38 +58,18 @@ def child(model_name: str, candidate: str, reuse: bool, steps: int) -> dict[str,
 
     import torch
 
-    import hasten
-    from hasten.bench.models import get_model_spec
     from hasten.compiler import host_memory
 
     torch.set_num_threads(2)
-    spec = get_model_spec(model_name, "base")
-    model = spec.build(0).train()
-    data = spec.make_batch(torch.Generator().manual_seed(0), batch_size=2)
-    data = {k: v[:, :256] if v.dim() == 2 else v for k, v in data.items()}
-    if candidate.startswith("torch.compile"):
-        if reuse:
-            host_memory.reuse_freed_memory()
-        compiled = torch.compile(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
-
-        def forward() -> Any:
-            with torch.autocast("cpu", torch.bfloat16):
-                return compiled(**data).loss
-
-    else:
-        precision = "bf16" if candidate.endswith("bf16") else "fp32"
-        hasten.compile(model, precision=precision, regions="whole", reuse_host_memory=reuse)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-
-        def forward() -> Any:
-            return model(**data).loss
+    peer = candidate.startswith("torch.compile")
+    if peer and reuse:
+        host_memory.reuse_freed_memory()
+    options = {} if peer else {"reuse_host_memory": reuse}
+    train_step = build_step(candidate, model_name, 2, 256, **options)
 
     def step() -> float:
         started = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        forward().backward()
-        opt.step()
+        train_step()
         return time.perf_counter() - started
 
     for _ in range(3):
