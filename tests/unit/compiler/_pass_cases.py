@@ -273,6 +273,102 @@ def _check_attention_dropout(inputs: tuple[Any, ...], outs: list, grads: list) -
     assert grads[-1].shape == out.shape and torch.isfinite(grads[-1]).all()
 
 
+class ClsEncoder(nn.Module):
+    """One post-norm encoder layer (SDPA over a per-query padding mask, GELU feed-forward) and a
+    head reading the first token only, as BERT's pooler does; ``also_hidden`` returns the whole
+    last layer too (so every row is needed), ``causal`` reads the last token after causal
+    attention, ``mean_pool`` pools every token, ``by_hand`` writes the attention out (heads
+    folded into the batch, ``masked_fill``, softmax, ``@``, a tanh-form GELU)."""
+
+    def __init__(
+        self,
+        d: int = 16,
+        heads: int = 2,
+        also_hidden: bool = False,
+        causal: bool = False,
+        mean_pool: bool = False,
+        by_hand: bool = False,
+    ):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.ff1, self.ff2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.head = nn.Linear(d, 3)
+        self.heads, self.also_hidden, self.causal = heads, also_hidden, causal
+        self.mean_pool, self.by_hand = mean_pool, by_hand
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> Any:
+        b, s, d = x.shape
+        q, k, v = (
+            t.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+            for t in self.qkv(x).split(d, dim=2)
+        )
+        if self.by_hand:
+            hd = d // self.heads
+            scores = (q.reshape(-1, s, hd) @ k.reshape(-1, s, hd).transpose(1, 2)) / hd**0.5
+            scores = scores.view(b, self.heads, s, s).masked_fill(~keep, float("-inf"))
+            a = (scores.softmax(-1).view(-1, s, s) @ v.reshape(-1, s, hd)).view(b, -1, s, hd)
+        elif self.causal:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        h = self.norm1(x + self.out(a.permute(0, 2, 1, 3).reshape(b, s, d)))
+        f = self.ff1(h)
+        if self.by_hand:
+            f = 0.5 * f * (1.0 + torch.tanh(0.79788456 * (f + 0.044715 * torch.pow(f, 3.0))))
+        else:
+            f = F.gelu(f)
+        h = self.norm2(h + self.ff2(f))
+        if self.mean_pool:
+            pooled = h.mean(1)
+        else:
+            pooled = h[:, -1] if self.causal else h[:, 0]
+        logits = self.head(torch.tanh(pooled))
+        return (logits, h) if self.also_hidden else logits
+
+
+def _cls_inputs(g: torch.Generator) -> tuple[Any, ...]:
+    keep = torch.ones(3, 1, 8, 8, dtype=torch.bool)
+    keep[1, :, :, 5:] = False  # padded keys in the second sequence
+    keep[2, :, 0, 6:] = False  # the first query of the third sees fewer keys than the others
+    return torch.randn(3, 8, 16, generator=g, requires_grad=True), keep
+
+
+def _hf_classifier(kind: str) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import transformers
+
+        common = {
+            "vocab_size": 66,  # ids + 2: none is RoBERTa's padding id (1)
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 40,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+            "num_labels": 3,
+        }
+        if kind == "bert":
+            model = transformers.BertForSequenceClassification(transformers.BertConfig(**common))
+        else:
+            model = transformers.RobertaForSequenceClassification(
+                transformers.RobertaConfig(**common)
+            )
+        return _Logits(model)
+
+    return build
+
+
+class _Logits(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids + 2, attention_mask=attention_mask).logits
+
+
 def _lm_batch_small(g: torch.Generator) -> tuple[Any, ...]:
     return torch.randn(256, 8, generator=g), torch.randint(0, 64, (256,), generator=g)
 
@@ -384,6 +480,18 @@ PASS_CASES: dict[str, list[PassCase]] = {
     "simplify": [
         PassCase("noop_chain", NoOpChain, _x(2, 4, 8), 9),
         PassCase("mutated_copy_kept", MutatedAfterMulByOne, _x(2, 8), 0),
+    ],
+    "sink_token_select": [
+        # linear, layer norm, GELU, residual adds, reshape, permute, SDPA (query row and mask row)
+        PassCase("cls_head", ClsEncoder, _cls_inputs, 12),
+        # matmul (batch and row), softmax, masked_fill, reshapes that fold the heads, pow
+        PassCase("cls_head_attention_by_hand", lambda: ClsEncoder(by_hand=True), _cls_inputs, 20),
+        # stops at the causal attention: the last query needs every key, the pass no query math
+        PassCase("causal_last_token", lambda: ClsEncoder(causal=True), _cls_inputs, 6),
+        PassCase("hidden_also_returned", lambda: ClsEncoder(also_hidden=True), _cls_inputs, 0),
+        PassCase("mean_pool_left_alone", lambda: ClsEncoder(mean_pool=True), _cls_inputs, 0),
+        PassCase("hf_bert_classifier", _hf_classifier("bert"), _tokens, 10, slow=True),
+        PassCase("hf_roberta_classifier", _hf_classifier("roberta"), _tokens, 10, slow=True),
     ],
     "attention_to_sdpa": [
         PassCase("nanogpt_causal", NanoGPTAttention, _x(2, 16, 32), 1),

@@ -192,6 +192,7 @@ def test_builtin_passes_run_in_pipeline_order_whatever_the_import_order():
         "attention_to_sdpa",
         "cheap_dropout_rng",
         "simplify",
+        "sink_token_select",
         "fused_linear_cross_entropy",
         "split_at_returned_logits",
     )

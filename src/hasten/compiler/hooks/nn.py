@@ -30,6 +30,7 @@ from hasten.compiler.hooks import register
 
 __all__ = [
     "AUTOCAST_TARGETS",
+    "GELU_TARGETS",
     "LINEAR_TARGETS",
     "TreeSpec",
     "call_impl",
@@ -100,6 +101,11 @@ def unwrap_compiled(obj: object) -> nn.Module | None:
 # C binding it resolves to.
 LINEAR_TARGETS: tuple[Any, ...] = tuple(
     t for t in (F.linear, getattr(getattr(torch._C, "_nn", None), "linear", None)) if t is not None
+)
+
+# The same for ``F.gelu`` (Transformers' GELU activation calls it; Dynamo records the binding).
+GELU_TARGETS: tuple[Any, ...] = tuple(
+    t for t in (F.gelu, getattr(getattr(torch._C, "_nn", None), "gelu", None)) if t is not None
 )
 
 

@@ -120,14 +120,23 @@ def dropout_noise(shape: Sequence[int], device: torch.device) -> torch.Tensor:
     return _noise_op(key, math.prod(shape)).view(shape)
 
 
-def cheap_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
-    """``F.dropout(x, p, training=True)`` from hashed integer noise (see the module docstring)."""
-    if x.numel() < _HASHED_MAX and hooks_inductor.lower_pointwise_op(
+def cheap_dropout(
+    x: torch.Tensor, p: float, *, rows_of: tuple[Sequence[int], int, int] | None = None
+) -> torch.Tensor:
+    """``F.dropout(x, p, training=True)`` from hashed integer noise (see the module docstring).
+
+    ``rows_of=(shape, dim, index)``: ``x`` is ``full.select(dim, index)`` of a tensor ``full`` of
+    ``shape`` that was never computed (pass ``sink_token_select``); the noise is drawn for
+    ``shape`` and the same index kept, so ``x`` gets the bits ``full`` would have had there."""
+    shape = tuple(x.shape) if rows_of is None else tuple(rows_of[0])
+    if math.prod(shape) < _HASHED_MAX and hooks_inductor.lower_pointwise_op(
         _noise_op._opoverload, torch.int64, _lowered_hash
     ):
-        noise, bits = dropout_noise(x.shape, x.device), 32
+        noise, bits = dropout_noise(shape, x.device), 32
     else:
-        noise, bits = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_(), 31
+        noise, bits = torch.empty(shape, dtype=torch.int32, device=x.device).random_(), 31
+    if rows_of is not None:
+        noise = noise.select(rows_of[1], rows_of[2]).reshape(x.shape)
     # 1 where noise >= threshold, else 0, in integer arithmetic: no bool tensor anywhere, which
     # Inductor would otherwise pick to save for the backward (1 byte, but a slow scalar store)
     keep = ((noise - round(p * 2**bits)) >> (noise.element_size() * 8 - 1)) + 1
@@ -143,9 +152,15 @@ def cheap_dropout_attention(
     dropout_p: float = 0.0,
     is_causal: bool = False,
     scale: float | None = None,
+    *,
+    query_of: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` (training, ``dropout_p > 0``) as math with
-    :func:`cheap_dropout`, as PyTorch's CPU math path computes it."""
+    :func:`cheap_dropout`, as PyTorch's CPU math path computes it.
+
+    ``query_of=(queries, index)``: ``q`` holds one query (size 1 at dim -2), the one at ``index``
+    of ``queries`` (pass ``sink_token_select``); the dropout noise is that row of the noise all
+    ``queries`` would have drawn."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.size(-1))
     scores = (q * scale) @ k.transpose(-2, -1)
@@ -158,7 +173,12 @@ def cheap_dropout_attention(
         else:
             scores = scores + attn_mask
     probs = safe_softmax(scores, -1)  # fully masked rows: 0, not NaN
-    return cheap_dropout(probs, dropout_p) @ v
+    rows_of = None
+    if query_of is not None:
+        queries, index = query_of
+        shape = (*probs.shape[:-2], queries, probs.shape[-1])
+        rows_of = (shape, probs.dim() - 2, index)
+    return cheap_dropout(probs, dropout_p, rows_of=rows_of) @ v
 
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")

@@ -201,6 +201,7 @@ _BUILTIN_ORDER = (
     "attention_to_sdpa",
     "cheap_dropout_rng",
     "simplify",
+    "sink_token_select",
     "fused_linear_cross_entropy",
     "split_at_returned_logits",
     "unfuse_bias_add",
@@ -222,4 +223,5 @@ def _load_builtin_passes() -> None:
             simplify,
             split,
             tied_embedding,
+            token_select,
         )
