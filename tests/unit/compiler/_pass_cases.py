@@ -278,7 +278,7 @@ class ClsEncoder(nn.Module):
     head reading the first token only, as BERT's pooler does; ``also_hidden`` returns the whole
     last layer too (so every row is needed), ``causal`` reads the last token after causal
     attention, ``mean_pool`` pools every token, ``by_hand`` writes the attention out (heads
-    folded into the batch, ``masked_fill``, softmax, ``@``, a tanh-form GELU)."""
+    folded into the batch, ``masked_fill``, softmax, ``@``, a tanh-form GELU, an RMS norm)."""
 
     def __init__(
         self,
@@ -292,7 +292,8 @@ class ClsEncoder(nn.Module):
         super().__init__()
         self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.ff1, self.ff2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.norm1 = nn.LayerNorm(d)
+        self.norm2 = nn.RMSNorm(d) if by_hand else nn.LayerNorm(d)
         self.head = nn.Linear(d, 3)
         self.heads, self.also_hidden, self.causal = heads, also_hidden, causal
         self.mean_pool, self.by_hand = mean_pool, by_hand

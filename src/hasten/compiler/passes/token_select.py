@@ -78,6 +78,18 @@ _SOFTMAX_FUNCS: tuple[Callable[..., Any], ...] = (
 )
 _MATMUL_FUNCS: tuple[Callable[..., Any], ...] = (operator.matmul, torch.matmul, torch.bmm)
 _RESHAPE_METHODS = ("view", "reshape")
+# normalisation over the trailing dimensions (``rms_norm``: torch 2.4 on; ``nn.RMSNorm`` is
+# captured as ``torch.rms_norm``)
+_NORMS = tuple(
+    f
+    for f in (
+        F.layer_norm,
+        torch.layer_norm,
+        getattr(F, "rms_norm", None),
+        getattr(torch, "rms_norm", None),
+    )
+    if f is not None
+)
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
 
 
@@ -241,9 +253,10 @@ def _move(
         if dim >= len(shape) - 1 or rows is None:
             return None
         return _new(graph, node.op, node.target, (rows, *node.args[1:]), dict(node.kwargs))
-    if is_call(node, (F.layer_norm,)):
+    if is_call(node, _NORMS):
         normalized = arg(node, 1, "normalized_shape")
-        if rows is None or dim >= len(shape) - len(tuple(normalized)):
+        over = 1 if isinstance(normalized, int) else len(tuple(normalized))
+        if rows is None or dim >= len(shape) - over:
             return None
         return _new(graph, node.op, node.target, (rows, *node.args[1:]), dict(node.kwargs))
     if is_call(node, _SOFTMAX_FUNCS, ("softmax", "log_softmax")):
