@@ -279,7 +279,7 @@ def _move(
         p = node.args[1]
         return _new(graph, node.op, cheap_dropout, (rows, p), {"rows_of": (shape, dim, index)})
     if is_call(node, (torch.reshape,), _RESHAPE_METHODS):
-        return _reshape(graph, node, x, shape, dim, index)
+        return _reshape(graph, x, shape, dim, index)
     if is_call(node, (torch.transpose, torch.permute), ("transpose", "permute")):
         return _permute(graph, node, x, shape, dim, index)
     if is_call(node, (F.scaled_dot_product_attention, cheap_dropout_attention)):
@@ -364,12 +364,7 @@ def _dropout(
 
 
 def _reshape(
-    graph: torch.fx.Graph,
-    node: torch.fx.Node,
-    x: torch.fx.Node,
-    shape: tuple[int, ...],
-    dim: int,
-    index: int,
+    graph: torch.fx.Graph, x: torch.fx.Node, shape: tuple[int, ...], dim: int, index: int
 ) -> torch.fx.Node | None:
     """A reshape that leaves ``dim`` whole: some input dimension has its size and the same number
     of elements before it (in row-major order the two are then the same dimension)."""
