@@ -306,44 +306,46 @@ def _matmul(
         return _new(graph, "call_method", "squeeze", (out, dim))
     if dim > len(shape) - 2:
         return None  # a column
-
-    def batch(x: torch.fx.Node, x_shape: tuple[int, ...]) -> torch.fx.Node:
-        x_dim = dim - (len(shape) - len(x_shape))
-        if x_dim < 0:
-            return x  # a matrix (or fewer batch dimensions) broadcast over this one
-        return _select(graph, x, x_dim, 0 if x_shape[x_dim] == 1 else index)
-
-    return _new(graph, node.op, node.target, (batch(a, a_shape), batch(b, b_shape)))
+    args = (
+        _rows_of_operand(graph, a, a_shape, shape, dim, index),
+        _rows_of_operand(graph, b, b_shape, shape, dim, index),
+    )
+    return _new(graph, node.op, node.target, args)
 
 
 def _binary(
     graph: torch.fx.Graph, node: torch.fx.Node, shape: tuple[int, ...], dim: int, index: int
 ) -> torch.fx.Node | None:
-    """An elementwise op of tensors (broadcast) and numbers: each tensor operand that spans
-    ``dim`` is selected there (at 0 where it broadcasts along it)."""
-
-    def rows(a: Any) -> Any:
-        if not isinstance(a, torch.fx.Node):
-            return a
-        a_shape = _static_shape(a)
-        if a_shape is None:
-            raise _Unsupported
-        a_dim = dim - (len(shape) - len(a_shape))
-        if a_dim < 0:
-            return a  # broadcast from the right over dimensions after ``dim`` only
-        return _select(graph, a, a_dim, 0 if a_shape[a_dim] == 1 else index)
-
+    """An elementwise op of tensors (broadcast) and numbers."""
     if any(isinstance(a, torch.fx.Node) for a in node.kwargs.values()):
         return None
-    try:
-        args = tuple(rows(a) for a in node.args)
-    except _Unsupported:
-        return None
-    return _new(graph, node.op, node.target, args, dict(node.kwargs))
+    args: list[Any] = []
+    for a in node.args:
+        if not isinstance(a, torch.fx.Node):
+            args.append(a)  # a number
+            continue
+        a_shape = _static_shape(a)
+        if a_shape is None:  # selections made before this are taken back by the caller
+            return None
+        args.append(_rows_of_operand(graph, a, a_shape, shape, dim, index))
+    return _new(graph, node.op, node.target, tuple(args), dict(node.kwargs))
 
 
-class _Unsupported(Exception):
-    pass
+def _rows_of_operand(
+    graph: torch.fx.Graph,
+    a: torch.fx.Node,
+    a_shape: tuple[int, ...],
+    shape: tuple[int, ...],
+    dim: int,
+    index: int,
+) -> torch.fx.Node:
+    """What of operand ``a`` (of ``a_shape``, broadcast against the output's ``shape``, aligned
+    from the right) the output's row ``index`` at ``dim`` reads: that row where ``a`` spans
+    ``dim``, row 0 where it broadcasts along it, all of ``a`` where it lacks the dimension."""
+    a_dim = dim - (len(shape) - len(a_shape))
+    if a_dim < 0:
+        return a
+    return _select(graph, a, a_dim, 0 if a_shape[a_dim] == 1 else index)
 
 
 def _dropout(
@@ -435,7 +437,7 @@ def _attention(
             m_dim = len(m_shape) - 2
             m_rows = _select(graph, mask, m_dim, index)
             given["attn_mask"] = _new(graph, "call_method", "unsqueeze", (m_rows, m_dim))
-    kwargs = {k: v for k, v in given.items() if k != "query" and k != "key" and k != "value"}
+    kwargs = {k: v for k, v in given.items() if k not in ("query", "key", "value")}
     if cheap:
         kwargs["query_of"] = (shape[dim], index)
     out = _new(
