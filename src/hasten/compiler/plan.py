@@ -106,12 +106,14 @@ __all__ = [
     "BLOCKS_MIN_S",
     "FORWARD_ONLY_SHARE",
     "GAIN_PER_FUSABLE_SHARE",
+    "MAX_ESTIMATED_GAIN",
     "MIN_ESTIMATED_GAIN",
     "MIN_GAIN",
     "PER_BACKWARD_NODE_S",
     "PER_MODULE_S",
     "PRIOR_GAIN",
     "PRIOR_S",
+    "PRIOR_SPREAD",
     "PROFILED_PRIOR_S",
     "BlockPlan",
     "BlockSwitch",
@@ -151,6 +153,11 @@ PRIOR_GAIN = 0.2  # a compiled step 20 % shorter than eager's (1.25x): the low e
 # error 0.03 over the eight, against 0.11 for the 0.2 prior.
 GAIN_PER_FUSABLE_SHARE = 0.5
 MIN_ESTIMATED_GAIN = 0.1
+MAX_ESTIMATED_GAIN = 0.5
+# The module-count prior's error (within 37 % of each compile in its fit, above), as a margin:
+# a known run whose steps left could not save even 0.6 x that prior at MAX_ESTIMATED_GAIN is
+# not profiled (Plan._profile_now), since no estimate could make a compile pay for it
+PRIOR_SPREAD = 0.4
 _GEMM_OPS = frozenset(
     {
         "aten::mm",
@@ -338,7 +345,7 @@ class Plan:
             self._account(variant, now - v.last_start)
         v.calls += 1
         v.last_start = now if grad else None
-        if v.state == "eager" and self._profile_now(v, grad):
+        if v.state == "eager" and self._profile_now(variant, v, grad):
             v.last_start = None  # this step runs under the profiler: not timed
             return False
         if v.state == "eager":
@@ -406,13 +413,15 @@ class Plan:
             v.eager_s += seconds
             v.eager_times = [*v.eager_times, seconds][-16:]
 
-    def _profile_now(self, v: VariantPlan, grad: bool) -> bool:
+    def _profile_now(self, variant: str, v: VariantPlan, grad: bool) -> bool:
         """Start profiling this call's step when the gain is still the prior: the training
         variant's, once one eager step was timed (the first carries one-off costs), on a CPU,
         with no other profiler running."""
         if not (self.profile_gain and grad) or v.profiled or v.measured_gain or not v.eager_times:
             return False
         v.profiled = True
+        if self._too_short_to_compile(variant, v):  # no profile could make a compile pay
+            return False
         from hasten.compiler.hooks.aten import profiler_running
 
         if profiler_running():  # the user's own profiler is recording
@@ -425,6 +434,23 @@ class Plan:
             return False
         self._profiling = (v, prof)
         return True
+
+    def _too_short_to_compile(self, variant: str, v: VariantPlan) -> bool:
+        """Whether the run's known length leaves too few steps for any compile of ``v`` to pay,
+        whatever its profiled gain: the steps left at ``MAX_ESTIMATED_GAIN`` save less than the
+        cheapest compile (whole or by block) at its prior's low end. Profiling a step costs
+        about 0.1 s on a CPU (the profiler's start and stop, and the step it slows): in a
+        24-step Trainer run of 2 s, about 5 % of the run, for a plan that stays eager anyway."""
+        if self.steps is None:
+            return False
+        left = max(self.steps - v.calls + 1, 0)
+        most = left * min(v.eager_times) * MAX_ESTIMATED_GAIN
+        costs = [(v.expected_s, v.source == "estimated")]
+        blocks = self._blocks_choice(variant, v)
+        if blocks is not None:
+            costs.append((blocks.expected_s, "measured" not in blocks.source))
+        cheapest = min(s * (1.0 - PRIOR_SPREAD) if prior else s for s, prior in costs)
+        return most < cheapest
 
     def _estimate(self, v: VariantPlan, prof: Any) -> None:
         try:
@@ -775,7 +801,7 @@ def fusable_share(ops: Any) -> float | None:
 
 def estimated_gain(share: float) -> float:
     """The share of a step a compile is expected to save, from the step's fusable share."""
-    return min(max(GAIN_PER_FUSABLE_SHARE * share, MIN_ESTIMATED_GAIN), 0.5)
+    return min(max(GAIN_PER_FUSABLE_SHARE * share, MIN_ESTIMATED_GAIN), MAX_ESTIMATED_GAIN)
 
 
 def _gain_text(gain: float, measured: bool) -> str:

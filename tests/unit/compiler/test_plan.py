@@ -617,7 +617,7 @@ def test_a_medium_run_compiles_by_block_and_trains_as_eager_fp32(tmp_path, monke
     monkeypatch.setattr(Plan, "_account", fixed)
     # and the prior gain, not one estimated from a profiled step (tested on its own above), and
     # the blocks' share of the prior compile without its small-model floor
-    monkeypatch.setattr(Plan, "_profile_now", lambda self, v, grad: False)
+    monkeypatch.setattr(Plan, "_profile_now", lambda self, variant, v, grad: False)
     monkeypatch.setattr(plan_mod, "BLOCKS_MIN_S", 0.0)
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -700,6 +700,22 @@ def test_before_any_measurement_one_eager_step_is_profiled_to_estimate_the_gain(
     assert any("estimated from a profiled eager step" in n for n in p.notes)
     assert any(got)  # 1000 steps: it compiles
     assert "profiler_start" not in capfd.readouterr().err  # Kineto's lines kept off stderr
+
+
+def test_a_known_run_too_short_for_any_compile_is_not_profiled(clock, tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(plan_mod.torch.profiler, "profile", lambda **k: started.append(k))
+    # 24 steps of 0.05 s: at most ~0.6 s saved, against a 10 s compile (6 s at its prior's low
+    # end): the plan stays eager, and profiling a step would only add its cost to the run
+    p = Plan("k", "Net", prior_s=10.0, steps=24, history_dir=str(tmp_path), profile_gain=True)
+    assert not any(_step(p, clock, 0.05) for _ in range(24))
+    assert started == [] and p.variants["train_grad"].profiled
+    assert any("runs eagerly for this run" in n for n in p.notes)
+    # 260 steps: 259 left could save ~6.5 s at the largest estimate, more than that low end
+    q = Plan("k2", "Net", prior_s=10.0, steps=260, history_dir=str(tmp_path), profile_gain=True)
+    for _ in range(2):
+        _step(q, clock, 0.05)  # the stand-in has no start(): the plan keeps its prior gain
+    assert len(started) == 1
 
 
 def test_the_gain_is_not_profiled_under_the_users_profiler_or_once_measured(clock, tmp_path):
