@@ -443,13 +443,12 @@ class Plan:
         24-step Trainer run of 2 s, about 5 % of the run, for a plan that stays eager anyway."""
         if self.steps is None:
             return False
-        left = max(self.steps - v.calls + 1, 0)
-        most = left * min(v.eager_times) * MAX_ESTIMATED_GAIN
-        costs = [(v.expected_s, v.source == "estimated")]
+        most = _steps_left(self.steps, v) * min(v.eager_times) * MAX_ESTIMATED_GAIN
+        costs = [(v.expected_s, v.source)]
         blocks = self._blocks_choice(variant, v)
         if blocks is not None:
-            costs.append((blocks.expected_s, "measured" not in blocks.source))
-        cheapest = min(s * (1.0 - PRIOR_SPREAD) if prior else s for s, prior in costs)
+            costs.append((blocks.expected_s, blocks.source))
+        cheapest = min(s if _measured(source) else s * (1.0 - PRIOR_SPREAD) for s, source in costs)
         return most < cheapest
 
     def _estimate(self, v: VariantPlan, prof: Any) -> None:
@@ -507,7 +506,7 @@ class Plan:
                         f"~{v.expected_s:.0f} s, {v.source})"
                     )
                 return "eager"
-            left = max(self.steps - v.calls + 1, 0)
+            left = _steps_left(self.steps, v)
             step = min(v.eager_times)  # a first call's one-off costs are no step's
             blocks = self._blocks_choice(variant, v)
             if blocks is not None and self.blocks is not None:
@@ -752,6 +751,18 @@ def profiled_prior_seconds(backward_nodes: int) -> float:
     """The expected compile seconds of a region whose profiled eager training step ran
     ``backward_nodes`` autograd nodes, when nothing was measured."""
     return PROFILED_PRIOR_S + PER_BACKWARD_NODE_S * backward_nodes
+
+
+def _steps_left(steps: int, v: VariantPlan) -> int:
+    """The training calls of a run of ``steps`` left from ``v``'s current call on, this one
+    included (what a compile decided now would serve)."""
+    return max(steps - v.calls + 1, 0)
+
+
+def _measured(source: str) -> bool:
+    """Whether an expected compile time (its ``source`` text, from :func:`_expected_compile` or
+    a compile timed in this run) was measured here, not a prior."""
+    return "measured" in source
 
 
 def _expected_compile(known: dict[str, float], prior_s: float) -> tuple[float, str, bool]:
