@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from hasten.integrations.lightning import sifting_dataloader
 from hasten.sifting import RelativeProbabilisticSiftConfig
+from tests.integration.scripts._leave import leave
 
 N = 160  # 80 samples a rank: 10 incoming batches of 8 a rank per data pass
 STOP = 7  # the checkpoint: after optimizer step 7 (epoch 1 of 5-batch epochs)
@@ -119,6 +120,7 @@ def main() -> None:
         "global_step": trainer.global_step,
     }
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+    leave()
 
 
 if __name__ == "__main__":
