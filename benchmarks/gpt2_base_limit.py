@@ -80,6 +80,7 @@ def _setup(
                 precision=precision,
                 passes={"fused_linear_cross_entropy": fused_ce},
                 inductor_options=opts,
+                reuse_host_memory=False,  # process-wide: it would speed eager's rounds too
             )
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         batch = spec.make_batch(torch.Generator().manual_seed(0))

@@ -67,17 +67,25 @@ def child(model_name: str, candidate: str, reuse: bool, steps: int) -> dict[str,
     options = {} if peer else {"reuse_host_memory": reuse}
     train_step = build_step(candidate, model_name, 2, 256, **options)
 
+    page = os.sysconf("SC_PAGE_SIZE")
+    rss: list[float] = []
+
     def step() -> float:
         started = time.perf_counter()
         train_step()
-        return time.perf_counter() - started
+        took = time.perf_counter() - started
+        with open("/proc/self/statm") as f:  # resident now, after the step
+            rss.append(int(f.read().split()[1]) * page / 2**30)
+        return took
 
     for _ in range(3):
         step()
+    rss.clear()
     times = [step() for _ in range(steps)]
     return {
         "step_s": statistics.median(times),
         "times_s": times,
+        "rss_gib": rss,
         "maxrss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "malloc": host_memory.state() or "as it is",
     }
@@ -156,6 +164,8 @@ def render(out: dict[str, Any]) -> str:
         "(median of processes) |",
         "|---|---|---|---|---|",
     ]
+    if s["steps"] >= 100:
+        return "\n".join(lines[:1]) + "\n\n" + _render_long(out)
     for r in out["results"]:
         cells = {
             k: ", ".join(f"{x['step_s']:.3f} / {x['maxrss_gib']:.2f}" for x in r["runs"][k])
@@ -166,6 +176,27 @@ def render(out: dict[str, Any]) -> str:
             f"| {r['model']} | {r['candidate']} | {cells['off']} | {cells['on']} "
             f"| {med['off'] / med['on']:.2f}x |"
         )
+    return "\n".join(lines)
+
+
+def _render_long(out: dict[str, Any]) -> str:
+    """A long run per process: does the step stay fast and the resident memory level?"""
+    n = out["settings"]["steps"]
+    q = n // 4
+    lines = [
+        f"| model | candidate | malloc | median step, steps 1-{q} / {n - q + 1}-{n} (s) | "
+        f"resident after step {q} / {n} (GiB) | peak RSS GiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in out["results"]:
+        for k, label in (("off", "as it is"), ("on", "reuse_host_memory=True")):
+            for x in r["runs"][k]:
+                t, m = x["times_s"], x["rss_gib"]
+                lines.append(
+                    f"| {r['model']} | {r['candidate']} | {label} | "
+                    f"{statistics.median(t[:q]):.3f} / {statistics.median(t[-q:]):.3f} | "
+                    f"{m[q - 1]:.2f} / {m[-1]:.2f} | {x['maxrss_gib']:.2f} |"
+                )
     return "\n".join(lines)
 
 

@@ -27,6 +27,11 @@ hasten.compile-blocks            ``hasten.compile(model, regions="blocks")``: ea
                                  made with its defaults, fused by hasten as above
 ===============================  ===============================================================
 
+The candidates share one process, and hasten's default malloc setting for large models
+(``reuse_host_memory``) is process-wide, so here it is off for hasten too: eager and
+``torch.compile`` run with malloc as the user has it, and hasten's figures leave out what the
+setting adds (``benchmarks/host_memory.py`` measures that, one process per figure).
+
 At ``bf16`` each name gets a ``-bf16`` suffix: eager and ``torch.compile`` run under
 ``torch.autocast(dtype=torch.bfloat16)``, hasten with ``precision="bf16"``. hasten runs with its
 defaults (``regions="auto"``: the whole model, one region).
@@ -146,11 +151,15 @@ def _make_setup(
             config = getattr(model, "config", None)
             if getattr(config, "use_cache", False):
                 config.use_cache = False  # as the regional recipe (and hasten's note) asks
-            model = _hasten_api.hasten_compile(model, precision=precision, regions="blocks")
+            model = _hasten_api.hasten_compile(
+                model, precision=precision, regions="blocks", reuse_host_memory=False
+            )
         elif hasten:
             # steady-state figures: compiled at the first call (what the default plan compiles
             # once the run pays for it); the whole-run record times the default plan itself
-            model = _hasten_api.hasten_compile(model, precision=precision, regions="whole")
+            model = _hasten_api.hasten_compile(
+                model, precision=precision, regions="whole", reuse_host_memory=False
+            )
         fused = kind == "torch.compile+fused-AdamW"
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if fused else None)
         batch = spec.make_batch(torch.Generator().manual_seed(seed), device=device)

@@ -152,15 +152,18 @@ class CompileConfig:
     (``fused``, ``foreach``, ``capturable``, ``differentiable``) are kept. ``False`` leaves the
     optimizer as made. See :mod:`hasten.compiler.optimizer`."""
 
-    reuse_host_memory: bool = False
-    """Opt-in, CPU under glibc: large buffers (a language model's logits and their gradient,
-    tens to hundreds of MB) reuse freed process memory instead of fresh pages from the operating
-    system at every step: ``malloc`` stops using ``mmap`` and keeps up to 2 GiB of free heap.
-    GPT-2 124M's bf16 step ran 1.35x as fast, at 10-13 % more peak RSS; glibc's aligned
-    allocations can fragment the heap (a 64 MiB buffer reallocated in a loop held 0.67 GiB).
-    Process-wide and lasting (malloc has no per-call setting), applied when a model is compiled
-    for a CPU, logged once; skipped where another allocator is preloaded or ``MALLOC_*`` is set.
-    See :mod:`hasten.compiler.host_memory`."""
+    reuse_host_memory: bool | None = None
+    """CPU under glibc: large buffers (a language model's logits and their gradient, a large
+    parameter's gradient: tens to hundreds of MB) reuse freed process memory instead of fresh pages
+    from the operating system at every step: ``malloc`` stops using ``mmap`` and keeps up to
+    2 GiB of free heap. ``None`` (default): on when the model has a parameter of 32 MiB or more
+    (a GPT-2-, BERT- or Llama-sized embedding); ``True``: on for any CPU model; ``False``: never.
+    GPT-2 124M's bf16 step ran 1.30-1.35x as fast at about 10 % more peak RSS, level over 300
+    steps; glibc's aligned allocations can fragment the heap (a 64 MiB buffer reallocated in a
+    loop held 0.67 GiB). Process-wide and lasting (malloc has no per-call setting), applied when a
+    model is compiled for a CPU, logged once; skipped where another allocator is preloaded or
+    ``MALLOC_*`` is set; processes forked later get glibc's usual thresholds back. See
+    :mod:`hasten.compiler.host_memory`."""
 
     warn_recompiles: int = 4
     """Warn, with the guards that failed, once a compiled forward has been recompiled this many
@@ -237,12 +240,12 @@ class CompileConfig:
             "fix_known_traps",
             "verify_first_call",
             "fused_optimizer",
-            "reuse_host_memory",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"CompileConfig.{name} must be True or False")
-        if self.dynamic is not None and not isinstance(self.dynamic, bool):
-            raise TypeError("CompileConfig.dynamic must be None, True or False")
+        for name in ("dynamic", "reuse_host_memory"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise TypeError(f"CompileConfig.{name} must be None, True or False")
         if isinstance(self.warn_recompiles, bool) or not isinstance(self.warn_recompiles, int):
             raise TypeError("CompileConfig.warn_recompiles must be an int (0 disables the warning)")
         if self.warn_recompiles < 0:

@@ -18,11 +18,15 @@ same size, so the heap can fragment: a 64 MiB buffer allocated and freed in a lo
 tcmalloc, preloaded (as PyTorch's CPU launcher ``torch.backends.xeon.run_cpu`` does), avoid
 both the faults and that fragmentation; this is for where neither is installed.
 
-malloc has no per-call setting, so this is process-wide and lasts for the process. It is off
-unless asked for (``hasten.compile(model, reuse_host_memory=True)``), applied when a model is
-compiled for a CPU (never at import), said once, and left alone where the user chose already:
-another allocator preloaded (jemalloc, tcmalloc, mimalloc), glibc's own ``MALLOC_*``
-environment settings, or a C library other than glibc.
+malloc has no per-call setting, so this is process-wide and lasts for the process. By default
+(``reuse_host_memory=None``) it is applied when a model with a parameter of at least 32 MiB
+(:data:`MMAP_CEILING`) is compiled for a CPU: that parameter's gradient, which ``zero_grad``
+drops by default, is then a fresh mapping at every step, and so are the activations of a model
+that size. ``True`` applies it for any CPU model, ``False`` never. Never at import; said once;
+left alone where the user chose already: another allocator preloaded (jemalloc, tcmalloc,
+mimalloc), glibc's own ``MALLOC_*`` environment settings, or a C library other than glibc. A
+process forked afterwards (a ``DataLoader`` worker) starts with glibc's usual thresholds again
+(:func:`_in_forked_child`), so a worker does not keep 2 GiB of freed heap.
 """
 
 from __future__ import annotations
@@ -31,15 +35,30 @@ import ctypes
 import os
 import platform
 import threading
+from collections.abc import Callable, Iterable
+
+import torch
 
 from hasten.compiler.report import log_line
 
-__all__ = ["TRIM_THRESHOLD", "reuse_freed_memory", "state"]
+__all__ = [
+    "MMAP_CEILING",
+    "TRIM_THRESHOLD",
+    "largest_tensor",
+    "reuse_freed_memory",
+    "state",
+    "wanted",
+]
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
 _M_MMAP_MAX = -4
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: 2 GiB, the most it can say
+MMAP_CEILING = 32 << 20
+"""glibc's largest mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``): a block at least
+this big is always mapped afresh and unmapped when freed, whatever the threshold has grown to."""
+_MMAP_MAX_DEFAULT = 65536  # glibc's DEFAULT_MMAP_MAX
 _ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 _ENV = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
 
@@ -60,28 +79,63 @@ def _why_not() -> str | None:
     return None
 
 
-def reuse_freed_memory() -> str:
-    """Apply the setting once per process; returns ``"on"`` or why it was not applied."""
+def largest_tensor(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the largest tensor (0 for none)."""
+    return max((t.numel() * t.element_size() for t in tensors), default=0)
+
+
+def wanted(setting: bool | None, module: torch.nn.Module) -> bool:
+    """Whether ``reuse_host_memory=setting`` asks for the malloc setting for this CPU model."""
+    if setting is not None:
+        return setting
+    return largest_tensor(module.parameters()) >= MMAP_CEILING
+
+
+def _in_forked_child() -> None:
+    """A forked child (a ``DataLoader`` worker) gets glibc's thresholds as they settle by default.
+
+    glibc's rule is dynamic (the mmap threshold grows to the largest block freed, up to 32 MiB,
+    and the trim threshold is twice it); any ``mallopt`` fixes it, so the child gets where it
+    settles: mapped from 32 MiB, trimmed above 64 MiB."""
+    mallopt = _mallopt()
+    if mallopt is not None:
+        mallopt(_M_MMAP_MAX, _MMAP_MAX_DEFAULT)
+        mallopt(_M_MMAP_THRESHOLD, MMAP_CEILING)
+        mallopt(_M_TRIM_THRESHOLD, 2 * MMAP_CEILING)
+
+
+def _mallopt() -> Callable[[int, int], int] | None:
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return mallopt
+
+
+def reuse_freed_memory(why_on: str = "reuse_host_memory=True") -> str:
+    """Apply the setting once per process; returns ``"on"`` or why it was not applied.
+
+    ``why_on`` ends the log line that says it is on."""
     global _state
     with _lock:
         if _state is not None:
             return _state
         why = _why_not()
         if why is None:
-            try:
-                mallopt = ctypes.CDLL(None).mallopt
-            except (OSError, AttributeError):
+            mallopt = _mallopt()
+            if mallopt is None:
                 why = "no mallopt in this process"
+            elif mallopt(_M_MMAP_MAX, 0) != 1 or mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
+                why = "mallopt refused the setting"
             else:
-                mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-                if mallopt(_M_MMAP_MAX, 0) != 1 or mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
-                    why = "mallopt refused the setting"
+                os.register_at_fork(after_in_child=_in_forked_child)
         _state = why or "on"
         if why is None:
             log_line(
                 "hasten: large CPU buffers now reuse freed process memory instead of fresh "
                 "pages from the OS each step (glibc malloc: no mmap, heap trimmed above 2 GiB), "
-                "for the rest of this process (reuse_host_memory=True)"
+                f"for the rest of this process ({why_on}; reuse_host_memory=False turns it off)"
             )
         return _state
 

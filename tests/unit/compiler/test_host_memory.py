@@ -96,14 +96,81 @@ def test_the_reasons_it_stays_off(monkeypatch, env, libc, why):
     assert host_memory._why_not() == why
 
 
-@pytest.mark.parametrize("flag", [True, False])
-def test_compile_asks_for_it_on_a_cpu_only_when_asked(monkeypatch, flag):
-    asked = []
-    monkeypatch.setattr(api, "reuse_freed_memory", lambda: asked.append(1) or "on")
-    hasten.compile(torch.nn.Linear(2, 2), reuse_host_memory=flag, regions="whole")
-    assert asked == ([1] if flag else [])
+_FORKED = """
+import json, os, resource
+import torch
+from hasten.compiler import host_memory
+
+torch.set_num_threads(1)  # no OpenMP pool: a forked child cannot use its parent's
+
+def faults(n):
+    out = []
+    for _ in range(n):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        x = torch.empty(16 << 20)
+        x.fill_(1.0)
+        del x
+        out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return out
+
+state = host_memory.reuse_freed_memory()
+read, write = os.pipe()
+pid = os.fork()  # before the heap grew: what the child does is its own settings' doing
+if pid == 0:
+    os.write(write, json.dumps(faults(12)).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(json.dumps({"state": state, "child": json.loads(os.read(read, 1 << 16)), "parent": faults(24)}))
+"""
+
+
+@glibc
+def test_a_forked_child_gets_glibcs_usual_thresholds_back():
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORKED], capture_output=True, text=True, check=True, timeout=120
+    )
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["state"] == "on", out
+    assert out["parent"][-4:] == [0] * 4, out  # the parent reuses its heap
+    # a DataLoader worker maps a 64 MiB block afresh again, as glibc does by default (with the
+    # parent's setting it would reuse its heap after a few steps, as the parent does)
+    assert min(out["child"]) > (64 << 20) // 4096 // 2, out
+
+
+def _embedding(mib: int) -> torch.nn.Module:
+    return torch.nn.Embedding(mib * 256, 1024)  # 4 KiB a row
+
+
+@pytest.mark.parametrize(
+    ("flag", "model", "asked"),
+    [
+        (True, lambda: torch.nn.Linear(2, 2), True),
+        (False, lambda: _embedding(64), False),
+        # default: on only when a parameter reaches glibc's mmap ceiling (its gradient would be
+        # mapped afresh every step)
+        (None, lambda: torch.nn.Linear(2, 2), False),
+        (None, lambda: _embedding(31), False),
+        (None, lambda: _embedding(32), True),
+    ],
+)
+def test_compile_asks_for_it_on_a_cpu_when_asked_or_a_parameter_reaches_the_ceiling(
+    monkeypatch, flag, model, asked
+):
+    why = []
+    monkeypatch.setattr(api, "reuse_freed_memory", lambda reason: why.append(reason) or "on")
+    hasten.compile(model(), reuse_host_memory=flag, regions="whole")
+    assert bool(why) == asked
+    if asked and flag is None:
+        assert why == [
+            "the model's largest parameter (32 MiB) reaches glibc's 32 MiB mmap ceiling, so its "
+            "gradient would be mapped afresh every step"
+        ]
+
+
+def test_the_default_is_decided_per_model():
+    assert hasten.CompileConfig().reuse_host_memory is None
 
 
 def test_a_non_bool_setting_is_refused():
-    with pytest.raises(TypeError, match="reuse_host_memory must be True or False"):
+    with pytest.raises(TypeError, match="reuse_host_memory must be None, True or False"):
         hasten.CompileConfig(reuse_host_memory="yes")
