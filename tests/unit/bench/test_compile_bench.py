@@ -135,4 +135,6 @@ def test_blocks_candidate_compiles_by_block_without_the_training_kv_cache(monkey
         c for c in candidates_for(spec, kinds=("hasten.compile-blocks",)) if c.name != "eager"
     ]
     cand.setup()
-    assert seen == {"regions": "blocks", "use_cache": False}
+    # reuse_host_memory=False: the candidates share one process, and the malloc setting is
+    # process-wide (it would speed the eager and torch.compile rounds too)
+    assert seen == {"regions": "blocks", "reuse_host_memory": False, "use_cache": False}
