@@ -36,7 +36,7 @@ from hasten.compiler.hooks import dynamo as dynamo_hooks
 from hasten.compiler.hooks import nn as nn_hooks
 from hasten.compiler.hooks.inductor import VEC_ISA_OK
 from hasten.compiler.hooks.vec_isa import start_vec_isa_probe
-from hasten.compiler.host_memory import MMAP_CEILING, largest_tensor, reuse_freed_memory, wanted
+from hasten.compiler.host_memory import reason_to_reuse, reuse_freed_memory
 from hasten.compiler.optimizer import watch as watch_optimizers
 from hasten.compiler.plan import applies as plan_applies
 from hasten.compiler.precision import attach_grad_scaler
@@ -144,8 +144,8 @@ def compile(
     target, note = unwrap_data_parallel(_check_model(model))
     device = module_device(target)
     cfg.check_device(device)  # before anything changes the model
-    if device.type == "cpu" and wanted(cfg.reuse_host_memory, target):
-        reuse_freed_memory(_why_reuse(cfg.reuse_host_memory, target))  # process-wide, once
+    if device.type == "cpu" and (why := reason_to_reuse(cfg.reuse_host_memory, target)):
+        reuse_freed_memory(why)  # process-wide, once, logged with the reason
     record = CompileRecord()
     if note:
         record.fixes.append(note)
@@ -187,16 +187,6 @@ _config = resolve_config
 
 
 _at_once = compile_at_once
-
-
-def _why_reuse(setting: bool | None, module: torch.nn.Module) -> str:
-    if setting:
-        return "reuse_host_memory=True"
-    mib = largest_tensor(module.parameters()) / 2**20
-    return (
-        f"the model's largest parameter ({mib:.0f} MiB) reaches glibc's {MMAP_CEILING >> 20} MiB "
-        "mmap ceiling, so its gradient would be mapped afresh every step"
-    )
 
 
 def _check_model(model: Any) -> nn.Module:

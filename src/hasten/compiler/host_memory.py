@@ -35,7 +35,7 @@ import ctypes
 import os
 import platform
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import torch
 
@@ -44,10 +44,9 @@ from hasten.compiler.report import log_line
 __all__ = [
     "MMAP_CEILING",
     "TRIM_THRESHOLD",
-    "largest_tensor",
+    "reason_to_reuse",
     "reuse_freed_memory",
     "state",
-    "wanted",
 ]
 
 # glibc's mallopt parameters (malloc.h)
@@ -79,16 +78,18 @@ def _why_not() -> str | None:
     return None
 
 
-def largest_tensor(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of the largest tensor (0 for none)."""
-    return max((t.numel() * t.element_size() for t in tensors), default=0)
-
-
-def wanted(setting: bool | None, module: torch.nn.Module) -> bool:
-    """Whether ``reuse_host_memory=setting`` asks for the malloc setting for this CPU model."""
+def reason_to_reuse(setting: bool | None, module: torch.nn.Module) -> str | None:
+    """Why ``reuse_host_memory=setting`` asks for the malloc setting for this CPU model (the end
+    of the log line that says it is on), or ``None`` where it does not."""
     if setting is not None:
-        return setting
-    return largest_tensor(module.parameters()) >= MMAP_CEILING
+        return "reuse_host_memory=True" if setting else None
+    largest = max((p.numel() * p.element_size() for p in module.parameters()), default=0)
+    if largest < MMAP_CEILING:
+        return None
+    return (
+        f"the model's largest parameter ({largest / 2**20:.0f} MiB) reaches glibc's "
+        f"{MMAP_CEILING >> 20} MiB mmap ceiling, so its gradient would be mapped afresh every step"
+    )
 
 
 def _in_forked_child() -> None:
