@@ -154,18 +154,21 @@ def main() -> int:
 def render(out: dict[str, Any]) -> str:
     """Per configuration: each process's step median and peak RSS, off and on."""
     s = out["settings"]
-    lines = [
+    head = (
         f"Base size, batch {s['batch']} x {s['seq']}, {s['steps']} timed steps a process "
         f"(median); one process per figure, off and on alternating; load average "
-        f"{out['load_average_start']} at start, {out.get('load_average_end')} at end.",
+        f"{out['load_average_start']} at start, {out.get('load_average_end')} at end."
+    )
+    if s["steps"] >= 100:
+        return head + "\n\n" + _render_long(out)
+    lines = [
+        head,
         "",
         "| model | candidate | as it is: step s / peak RSS GiB | with "
         f"`{s.get('arm', 'reuse_host_memory=True')}`: step s / peak RSS GiB | step speedup "
         "(median of processes) |",
         "|---|---|---|---|---|",
     ]
-    if s["steps"] >= 100:
-        return "\n".join(lines[:1]) + "\n\n" + _render_long(out)
     for r in out["results"]:
         cells = {
             k: ", ".join(f"{x['step_s']:.3f} / {x['maxrss_gib']:.2f}" for x in r["runs"][k])

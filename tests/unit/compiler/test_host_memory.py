@@ -21,27 +21,32 @@ glibc = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only"
 )
 
-_FAULTS = """
+_FAULTS_PER_STEP = """
 import json, os, resource, sys
 import torch
 from hasten.compiler import host_memory
 
-def faults_per_step():
+def faults(n):
     out = []
-    for _ in range(24):
+    for _ in range(n):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         x = torch.empty(16 << 20)  # 64 MiB: above glibc's largest mmap threshold (32 MiB)
         x.fill_(1.0)
         del x
         out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     return out
+"""
 
-before = faults_per_step()
+_FAULTS = (
+    _FAULTS_PER_STEP
+    + """
+before = faults(24)
 state = host_memory.reuse_freed_memory()
-after = faults_per_step()
+after = faults(24)
 rss_mib = int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
 print(json.dumps({"before": before, "state": state, "after": after, "rss_mib": rss_mib}))
 """
+)
 
 
 def _run(env: dict[str, str] | None = None) -> dict:
@@ -96,23 +101,10 @@ def test_the_reasons_it_stays_off(monkeypatch, env, libc, why):
     assert host_memory._why_not() == why
 
 
-_FORKED = """
-import json, os, resource
-import torch
-from hasten.compiler import host_memory
-
+_FORKED = (
+    _FAULTS_PER_STEP
+    + """
 torch.set_num_threads(1)  # no OpenMP pool: a forked child cannot use its parent's
-
-def faults(n):
-    out = []
-    for _ in range(n):
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        x = torch.empty(16 << 20)
-        x.fill_(1.0)
-        del x
-        out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    return out
-
 state = host_memory.reuse_freed_memory()
 read, write = os.pipe()
 pid = os.fork()  # before the heap grew: what the child does is its own settings' doing
@@ -122,6 +114,7 @@ if pid == 0:
 os.waitpid(pid, 0)
 print(json.dumps({"state": state, "child": json.loads(os.read(read, 1 << 16)), "parent": faults(24)}))
 """
+)
 
 
 @glibc
