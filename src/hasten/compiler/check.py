@@ -275,18 +275,32 @@ def _copy_batch(
         if not isinstance(t, torch.Tensor):
             return t
         if t.requires_grad and t.is_floating_point():
-            leaf = t.detach().clone().requires_grad_(True)
+            leaf = _same_strides(t.detach()).requires_grad_(True)
             inputs.append((f"input {len(inputs)}", leaf))
             return leaf
         if t.is_inference():
-            return t.clone()
+            return _same_strides(t)
         # under inference_mode a plain clone would be an inference tensor, whose dispatch keys
         # differ from the input's: the user's own call would then recompile
         with torch.inference_mode(False):
-            return t.clone()
+            return _same_strides(t)
 
     a, kw = pytree.tree_map(copy, (args, kwargs))
     return a, kw, inputs
+
+
+def _same_strides(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with its sizes and strides. The compiled code is first traced on the
+    check's copies, and TorchDynamo guards on strides: a plain clone of a slice (a language
+    model's ``ids[:, :-1]``, strides ``(8, 1)``) is contiguous (``(7, 1)``), so the user's own
+    tensor then failed the guard and the model compiled a second time at its first step. The
+    memory the tensor spans is copied and viewed with its strides, which keeps an expanded
+    tensor's zero strides too."""
+    if t.layout != torch.strided or t.numel() == 0 or type(t) is not torch.Tensor:
+        return t.clone()
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    flat = t.as_strided((span,), (1,), t.storage_offset()).clone()
+    return flat.as_strided(t.shape, t.stride())
 
 
 def _probe(out: Any) -> torch.Tensor | None:

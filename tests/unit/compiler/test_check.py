@@ -218,6 +218,36 @@ def test_checking_an_inference_mode_call_does_not_make_the_users_call_recompile(
     assert rep.graph_count == 1 and not rep.recompiles, str(rep)
 
 
+class _Shift(nn.Module):
+    """A next-token model's call: an embedding, then a head (``ids[:, :-1]`` in, logits out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.head = nn.Linear(8, 16)
+
+    def forward(self, ids: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(ids) * scale)
+
+
+def test_checking_a_call_on_sliced_or_expanded_inputs_does_not_make_the_users_call_recompile():
+    # the check runs the compiled code first, on its copies: a contiguous copy of the slice
+    # (strides (7, 1) against the user's (8, 1)) made every such model compile twice
+    model = hasten.compile(_Shift(), regions="whole")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        ids = torch.randint(0, 16, (4, 8))
+        scale = torch.ones(1, 1, 1).expand(4, 7, 8)  # strides (0, 0, 0): copied contiguous
+        F.cross_entropy(
+            model(ids[:, :-1], scale).reshape(-1, 16), ids[:, 1:].reshape(-1)
+        ).backward()
+        opt.step()
+        opt.zero_grad()
+    rep = hasten.compiler.compile_report(model)
+    assert ids[:, :-1].stride() == (8, 1)
+    assert rep.graph_count == 1 and not rep.recompiles, str(rep)
+
+
 class _NumpyMask(nn.Module):
     """Masks features with NumPy's global generator, as Wav2Vec2's SpecAugment does."""
 
