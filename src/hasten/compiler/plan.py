@@ -33,8 +33,14 @@ evaluation, scoring) from what it can know:
   lower bound is ``BLOCKS_COMPILE_SHARE / BLOCKS_GAIN_SHARE``, the upper one
   ``(1 - BLOCKS_COMPILE_SHARE) / (1 - BLOCKS_GAIN_SHARE)``). Choosing blocks installs
   the block regions (as ``regions="blocks"`` does, glue eager) and the region then runs eagerly
-  for good, calling them; its plan goes on timing the steps, so blocks measured slower go back
-  to eager. The other variants (evaluation, scoring) then compile by block too, but only by
+  for good, calling them; its plan goes on timing the steps (a few eager ones after the
+  compiled ones, as the settled reference), so blocks measured slower go back to eager, and
+  blocks measured far below their prior swap to the whole region when its compile plus the
+  steps left at its gain now costs less than those steps as measured (``Plan._whole_pays``:
+  the blocks' compile is spent either way; the block regions are taken off and the whole
+  region compiles at the next call). By the priors that happens in the upper part of the
+  blocks' window, ``C < steps_left * step * gain < 1.28 C``, where blocks saved next to
+  nothing. The other variants (evaluation, scoring) then compile by block too, but only by
   the plan's rule (ski-rental at their gain, scaled the same way), never because of the switch.
   The blocks' compile and gain measured here are kept apart from the whole region's; blocks
   are no choice when the whole region's kernels are cached here (a warm whole compile, 6.5 s
@@ -45,8 +51,8 @@ evaluation, scoring) from what it can know:
   one compile's worth of eager time, so it is within 2x of the best choice in hindsight. This
   path chooses between eager and whole only: a run whose length is unknown cannot tell a medium
   run, where blocks pay, from a long one, where block mode's slower step (GPT-2 124M: 2032 against
-  1841 ms) costs more than its cheaper compile saved; rent-then-blocks-then-whole would pay two
-  compiles and needs a swap from blocks to the whole model mid-run, which is not built. Rare
+  1841 ms) costs more than its cheaper compile saved, and rent-then-blocks-then-whole would pay
+  two compiles on every long run. Rare
   variants (an evaluation every few hundred steps, the sifting scorer) count their own eager
   time, and rent at their gain: they compile once ``eager_time * gain`` reaches a compile's
   cost, the break-even point, so a run that ends there is within ``1 + gain`` of the best
@@ -246,6 +252,7 @@ class VariantPlan:
     profiled: bool = False  # a step was profiled to estimate the gain (or could not be)
     gain_note: str = ""  # where an estimated ``gain`` comes from, for the log line
     regions: str = "whole"  # what compiles: the whole region, or its repeated "blocks"
+    whole: _Figures | None = None  # by block: the whole region's figures, for a swap to them
     grad: bool = True  # a training variant (forward and backward compile), not evaluation
 
 
@@ -253,9 +260,9 @@ _COMPILED = ("compiled", "blocks")  # the states that run compiled code: the reg
 
 
 def _probing_now(v: VariantPlan) -> bool:
-    """Whether ``v``'s current call is one of the eager calls timed after compiling (set
-    between a call's :meth:`Plan.compile_now` and its :meth:`Plan.finished`)."""
-    return v.probing and v.state == "compiled"
+    """Whether ``v``'s current call is one of the eager calls timed after compiling, whole or
+    by block (set between a call's :meth:`Plan.compile_now` and its :meth:`Plan.finished`)."""
+    return v.probing and v.state in _COMPILED
 
 
 class BlockSwitch(Protocol):
@@ -269,6 +276,11 @@ class BlockSwitch(Protocol):
 
     def install(self, plan: BlockPlan) -> None:
         """Install the block regions, each deciding by ``plan`` which variants run compiled."""
+        ...
+
+    def uninstall(self) -> None:
+        """Take the block regions off again: the blocks run as the model's own code, which the
+        whole region's compile then traces."""
         ...
 
 
@@ -401,11 +413,12 @@ class Plan:
             if len(v.compiled_times) > 16:  # the recent calls, as for eager: bounded over a run
                 del v.compiled_times[:-16]
             if len(v.compiled_times) == _CHECK_CALLS and v.eager_times:
-                # A training variant compiled whole times a few eager calls now, its settled
-                # reference (the calls before compiling were a new process's first ones).
+                # A training variant, compiled whole or by block, times a few eager calls now,
+                # its settled reference (the calls before compiling were a new process's first
+                # ones: against them, BERT-base's blocks read 24 % saved where they saved ~2 %).
                 # Evaluation and scoring calls vary in size (a last short batch) and are timed
                 # by their own duration: those compare with their faster eager half.
-                if v.state == "compiled" and v.last_start is not None:
+                if v.state in _COMPILED and v.last_start is not None:
                     v.probing = True
                 else:
                     self._compare(variant)
@@ -642,6 +655,7 @@ class Plan:
     def _by_block(self, variant: str, v: VariantPlan) -> None:
         """From now on compiling ``variant`` means compiling the region's blocks."""
         figures = self._blocks_figures(variant, v)
+        v.whole = _Figures(v.expected_s, v.source, v.gain, v.measured_gain, v.gain_note)
         v.regions = "blocks"
         v.expected_s, v.source = figures.expected_s, figures.source
         v.gain, v.measured_gain = figures.gain, figures.measured_gain
@@ -692,6 +706,8 @@ class Plan:
             f"{reference}; the next run in this cache plans with that"
         )
         what = " by block" if v.regions == "blocks" else ""
+        if v.regions == "blocks" and self._whole_pays(variant, v, eager, compiled, measured):
+            return
         if compiled >= eager:
             v.state = "eager_for_good"
             self._note(
@@ -712,6 +728,52 @@ class Plan:
                 f"expected ~{expected_gain:.0%} saved; this compile did not pay back in this run)"
             )
         self._note(line)
+
+    def _whole_pays(
+        self, variant: str, v: VariantPlan, eager: float, compiled: float, measured: str
+    ) -> bool:
+        """Once a training variant's blocks are measured, on a run of known length: swap to the
+        whole region when its expected compile plus the steps left at its gain now costs less
+        than the steps left as they measured (by block, or eagerly where blocks are slower).
+
+        The three-way choice took blocks on their priors (half the whole model's saving for a
+        third of its compile); where they measure far below that (BERT-base at 1 x 128 kept
+        ~0.1-0.2 of whole's saving: 24 block graph calls a step), the whole model may still pay
+        for the rest of the run. What the blocks' compile cost is spent either way. Swapping
+        takes the block regions off (:meth:`BlockSwitch.uninstall`); every variant then plans
+        with the whole region's figures again, and the whole region compiles at the next call.
+        """
+        if not v.grad or self.steps is None or v.whole is None or self.blocks is None:
+            return False
+        left = max(self.steps - v.calls, 0)  # the calls after this one's start
+        whole = v.whole
+        keep = left * min(eager, compiled)
+        swap = whole.expected_s + left * eager * (1.0 - whole.gain)
+        if swap >= keep:
+            return False
+        kept = "by block" if compiled < eager else "eagerly"
+        self._note(
+            f"{self.label} ({variant}): compiled by block, a call takes {1 - compiled / eager:.0%}"
+            f" less ({measured}); compiling the whole model instead: over the {left} steps "
+            f"left, ~{swap:.0f} s expected (a ~{whole.expected_s:.0f} s compile, {whole.source},"
+            f" at {_gain_text(whole.gain, whole.measured_gain)}{whole.gain_note}) against "
+            f"~{keep:.0f} s {kept}"
+        )
+        self.blocks.uninstall()
+        self.blocks = None  # no second swap: block mode is not offered again in this run
+        self.by_block = False
+        for other in self.variants.values():
+            if other.whole is not None:  # back to the whole region's figures
+                w = other.whole
+                other.expected_s, other.source = w.expected_s, w.source
+                other.gain, other.measured_gain = w.gain, w.measured_gain
+                other.gain_note, other.regions, other.whole = w.gain_note, "whole", None
+            if other is not v and other.state == "blocks":  # plans again, as a whole region
+                other.state = "eager"
+        v.state = "compiled"
+        v.compiled_times, v.probe_times, v.probing = [], [], False
+        v.grad_steps_at_compile = v.calls
+        return True
 
     def _note(self, text: str) -> None:
         from hasten.compiler.report import log_line
@@ -827,6 +889,7 @@ class _Figures:
     source: str
     gain: float
     measured_gain: bool
+    gain_note: str = ""  # where an estimated ``gain`` comes from (VariantPlan.gain_note)
 
 
 class BlockPlan:
@@ -841,7 +904,7 @@ class BlockPlan:
 
     def compile_now(self, variant: str, grad: bool) -> bool:
         v = self.root.variants.get(variant)
-        return v is not None and v.state == "blocks"
+        return v is not None and v.state == "blocks" and not _probing_now(v)
 
     def finished(self, variant: str, grad: bool, started: float, compiled_now: bool) -> None:
         """Nothing to do: the region's plan times the calls around the blocks'."""

@@ -169,6 +169,16 @@ class _PlannedBlocks:
         with code.record.lock:
             code.record.fixes.append(note)
 
+    def uninstall(self) -> None:
+        for block in self.blocks:
+            nn_hooks.set_compiled_call(block, None)
+        with self.code.record.lock:
+            self.code.record.fixes.append(
+                f"regions='auto': the compile plan swapped {type(self.model).__name__} from its "
+                "blocks to the whole model, which measured to pay for the rest of the run (its "
+                "blocks run as its own code again, inside the whole model's graph)"
+            )
+
 
 def swappable_loss_function(model: nn.Module) -> Callable[..., Any] | None:
     """The loss function a Transformers model computes its loss with (``model.loss_function``),

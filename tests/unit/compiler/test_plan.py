@@ -386,12 +386,16 @@ class FakeBlocks:
     def __init__(self, available: bool = True) -> None:
         self.ok = available
         self.installed: list[plan_mod.BlockPlan] = []
+        self.uninstalled = False
 
     def available(self) -> bool:
         return self.ok
 
     def install(self, plan: plan_mod.BlockPlan) -> None:
         self.installed.append(plan)
+
+    def uninstall(self) -> None:
+        self.uninstalled = True
 
 
 def _decision(p: Plan) -> str:
@@ -498,9 +502,11 @@ def test_blocks_measured_slower_go_back_to_eager_and_the_next_run_knows(clock, t
     clock.now += 12.0
     p.compiled_seconds("train_grad", 12.0, backend_s=10.0)
     p.finished("train_grad", True, start, compiled_now=True)
-    for _ in range(7):
-        _step(p, clock, 1.05)  # by block, a step measures 5 % slower than eagerly
+    for _ in range(12):  # by block, a step measures 5 % slower than eagerly
+        _step(p, clock, 1.05 if switch.compile_now("train_grad", True) else 1.0)
     assert p.variants["train_grad"].state == "eager_for_good"
+    # nor does the whole model pay now: 30 s + 136 steps x 0.8 s, against 136 x 1 s eagerly
+    assert not blocks.uninstalled
     assert not switch.compile_now("train_grad", True)
     assert any("compiled by block measured slower" in n for n in p.notes)
     # the blocks' figures are kept apart from the whole region's
@@ -515,6 +521,75 @@ def test_blocks_measured_slower_go_back_to_eager_and_the_next_run_knows(clock, t
         _step(again, clock, 1.0)
     assert again.variants["train_grad"].state == "eager_for_good"
     assert "blocks ~149 s (a ~3 s compile" in _decision(again)  # 3 s + 146 x 1 s
+
+
+def _blocks_run(p: Plan, clock: Clock, blocks: FakeBlocks, by_block_s: float, calls: int):
+    """``calls`` training steps of 1 s eagerly and ``by_block_s`` while the blocks run compiled;
+    the step whose blocks compile (the one that chose them) takes 12 s, 10 s in the backend."""
+    for _ in range(calls):
+        start = clock.now
+        whole = p.compile_now("train_grad", True)
+        live = blocks.installed and not blocks.uninstalled
+        on = bool(live) and blocks.installed[0].compile_now("train_grad", True)
+        first = on and not any("/blocks" in k for k in plan_mod._read_history(p.history_dir))
+        assert not whole, "the whole region compiles: a step of its own"
+        clock.now += 12.0 if first else by_block_s if on else 1.0
+        if first:
+            p.compiled_seconds("train_grad", 12.0, backend_s=10.0)
+        p.finished("train_grad", True, start, compiled_now=first)
+
+
+def test_blocks_measured_far_below_their_prior_swap_to_the_whole_model(clock, tmp_path):
+    # 180 steps: at the decision, eager ~176 s, blocks ~169 s, whole ~171 s (30 s at 20 %)
+    blocks = FakeBlocks()
+    p = Plan("k", "Net", prior_s=30.0, steps=180, history_dir=str(tmp_path), blocks=blocks)
+    _step(p, clock, 0.5, variant="eval_no_grad", grad=False)  # an evaluation before training
+    _blocks_run(p, clock, blocks, by_block_s=0.99, calls=14)
+    assert _step(p, clock, 0.8) is True  # the call that swaps: the whole region compiles
+    v = p.variants["train_grad"]
+    # by block a step saved 1 %, measured against eager steps after compiling; then with 166
+    # steps left, whole (30 s + 166 x 0.8 s ~ 163 s) beats staying by block (166 x 0.99 s)
+    assert blocks.uninstalled and p.blocks is None and not p.by_block
+    assert v.state == "compiled" and v.regions == "whole" and v.whole is None
+    assert v.expected_s == pytest.approx(30.0) and v.gain == pytest.approx(0.2)
+    line = next(n for n in p.notes if "compiling the whole model instead" in n)
+    assert "a call takes 1% less" in line and "166 steps left, ~163 s expected" in line, line
+    assert "~164 s by block" in line, line
+    # the evaluation variant plans as a whole region again; new variants too
+    ev = p.variants["eval_no_grad"]
+    assert ev.regions == "whole" and ev.state == "eager"
+    assert ev.expected_s == pytest.approx(plan_mod.FORWARD_ONLY_SHARE * 30.0)
+    assert p.variant("eval_inference", grad=False).regions == "whole"
+    # the blocks' measured gain is kept for the next run, apart from the whole region's
+    again = Plan("k", "Net", 30.0, 180, str(tmp_path), blocks=FakeBlocks())
+    figures = again._blocks_figures("train_grad", again.variant("train_grad"))
+    assert figures.measured_gain and figures.gain == pytest.approx(0.01)
+    # the whole region, measured compiled, says whether it paid back from the swap on
+    for _ in range(10):
+        _step(p, clock, 0.8 if v.state == "compiled" and not v.probing else 1.0)
+    done = p.notes[-1]
+    assert "compiled, a call takes 20% less" in done and "over the 166 steps compiled" in done
+
+
+def test_blocks_that_save_what_was_expected_stay(clock, tmp_path):
+    blocks = FakeBlocks()
+    p = Plan("k", "Net", prior_s=30.0, steps=180, history_dir=str(tmp_path), blocks=blocks)
+    _blocks_run(p, clock, blocks, by_block_s=0.9, calls=20)
+    v = p.variants["train_grad"]
+    assert v.state == "blocks" and not blocks.uninstalled  # 166 x 0.9 s < 163 s: stays
+    assert any("compiled by block, a call takes 10% less" in n for n in p.notes)
+
+
+def test_the_blocks_gain_is_measured_against_eager_steps_after_compiling(clock, tmp_path):
+    blocks = FakeBlocks()
+    p = Plan("k", "Net", prior_s=30.0, steps=150, history_dir=str(tmp_path), blocks=blocks)
+    for s in (1.6, 1.3, 1.1, 1.0):  # a new process's first steps, falling
+        _step(p, clock, s)
+    _blocks_run(p, clock, blocks, by_block_s=0.98, calls=11)
+    assert p.variants["train_grad"].state == "blocks"
+    # the faster half of those steps (1.0, 1.1) would read 0.98 s as ~7 % saved, not 2 %
+    history = plan_mod._read_history(str(tmp_path))
+    assert history[plan_mod.history_key("k", "train_grad", "blocks")]["gain"] == 0.02
 
 
 def test_blocks_are_no_choice_when_the_whole_models_kernels_are_cached(clock, tmp_path):
@@ -774,3 +849,68 @@ def test_the_priors_follow_the_module_count_and_the_backward_nodes():
     assert plan_mod.profiled_prior_seconds(1000) == pytest.approx(
         plan_mod.PROFILED_PRIOR_S + 1000 * plan_mod.PER_BACKWARD_NODE_S
     )
+
+
+@pytest.mark.slow
+def test_blocks_that_measure_below_their_prior_swap_to_the_whole_model_as_eager_fp32(
+    tmp_path, monkeypatch, caplog
+):
+    import copy
+    import logging
+
+    from hasten.compiler.api import compile_report
+    from hasten.compiler.plan import prior_seconds
+
+    # The plan's timing on a fixed clock: eager steps 10 ms, by block 9.9 ms (1 % saved, far
+    # below the prior's 10 %), compiled whole 8 ms; the compiles themselves are real.
+    account = Plan._account
+
+    def fixed(self: Plan, variant: str, seconds: float) -> None:
+        v = self.variants[variant]
+        by_block = 0.0099 if v.regions == "blocks" else 0.008
+        account(self, variant, by_block if v.last_was_compiled else 0.01)
+
+    monkeypatch.setattr(Plan, "_account", fixed)
+    monkeypatch.setattr(Plan, "_profile_now", lambda self, variant, v, grad: False)
+    monkeypatch.setattr(plan_mod, "BLOCKS_MIN_S", 0.0)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = TinyLM()
+    # 1.2 x whole's break-even (prior compile C / (10 ms x 20 %)): blocks ~5.76 C, whole
+    # ~5.8 C, eager 6 C; then, blocks measured at 1 %, whole ~5.8 C beats blocks' ~5.94 C
+    steps = round(1.2 * prior_seconds(eager) / (0.01 * plan_mod.PRIOR_GAIN))
+    planned = hasten.compile(copy.deepcopy(eager), steps=steps, cache_dir=tmp_path)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, planned)]
+    g = torch.Generator().manual_seed(3)
+    with caplog.at_level(logging.INFO, logger="hasten"):
+        for i in range(20):
+            ids = torch.randint(0, 32, (4, 8), generator=g)
+            for m, opt in zip((eager, planned), opts):
+                logits = m(ids[:, :-1])
+                F.cross_entropy(logits.reshape(-1, 32), ids[:, 1:].reshape(-1)).backward()
+                opt.step()
+                opt.zero_grad()
+            if i % 6 == 5:  # an evaluation now and then, eager throughout
+                for m in (eager, planned):
+                    m.eval()
+                    with torch.no_grad():
+                        torch.testing.assert_close(m(ids[:, :-1]), eager(ids[:, :-1]))
+                    m.train()
+    report = compile_report(planned)
+    assert any("chose to compile TinyLM by block" in f for f in report.fixes)
+    assert any("swapped TinyLM from its blocks to the whole model" in f for f in report.fixes)
+    assert any("compiling the whole model instead" in r.getMessage() for r in caplog.records)
+    # two training graphs: the shared block's, then the whole model's; nothing recompiled
+    assert [gr.variant for gr in report.graphs] == ["train_grad", "train_grad"]
+    assert len(report.recompiles) == 0
+    for block in planned.blocks:  # the block regions are off: the whole graph traced them
+        assert nn_hooks_installed(block) is None
+    for (name, pe), pc in zip(eager.named_parameters(), planned.parameters()):
+        torch.testing.assert_close(pc, pe, rtol=1e-4, atol=1e-6, msg=name)
+    assert planned.state_dict().keys() == eager.state_dict().keys()
+
+
+def nn_hooks_installed(module: nn.Module):
+    from hasten.compiler.hooks import nn as nn_hooks
+
+    return nn_hooks.installed_call(module)
