@@ -752,9 +752,14 @@ class Plan:
         if swap >= keep:
             return False
         kept = "by block" if compiled < eager else "eagerly"
+        how = (
+            f"a call takes {1 - compiled / eager:.0%} less"
+            if compiled < eager
+            else "a call measured slower than eager"
+        )
         self._note(
-            f"{self.label} ({variant}): compiled by block, a call takes {1 - compiled / eager:.0%}"
-            f" less ({measured}); compiling the whole model instead: over the {left} steps "
+            f"{self.label} ({variant}): compiled by block, {how} ({measured}); compiling the "
+            f"whole model instead: over the {left} steps "
             f"left, ~{swap:.0f} s expected (a ~{whole.expected_s:.0f} s compile, {whole.source},"
             f" at {_gain_text(whole.gain, whole.measured_gain)}{whole.gain_note}) against "
             f"~{keep:.0f} s {kept}"

@@ -580,6 +580,17 @@ def test_blocks_that_save_what_was_expected_stay(clock, tmp_path):
     assert any("compiled by block, a call takes 10% less" in n for n in p.notes)
 
 
+def test_blocks_measured_slower_swap_to_the_whole_model_when_it_pays(clock, tmp_path):
+    blocks = FakeBlocks()
+    p = Plan("k", "Net", prior_s=30.0, steps=180, history_dir=str(tmp_path), blocks=blocks)
+    _blocks_run(p, clock, blocks, by_block_s=1.05, calls=14)
+    assert _step(p, clock, 0.8) is True  # the call that swaps: the whole region compiles
+    # 166 steps left: whole ~163 s against ~166 s eagerly (blocks, slower, are not kept)
+    assert blocks.uninstalled and p.variants["train_grad"].state == "compiled"
+    line = next(n for n in p.notes if "compiling the whole model instead" in n)
+    assert "a call measured slower than eager" in line and "~166 s eagerly" in line, line
+
+
 def test_the_blocks_gain_is_measured_against_eager_steps_after_compiling(clock, tmp_path):
     blocks = FakeBlocks()
     p = Plan("k", "Net", prior_s=30.0, steps=150, history_dir=str(tmp_path), blocks=blocks)
