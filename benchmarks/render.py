@@ -146,7 +146,10 @@ def _hf_whole_run(data: dict) -> str:
     warm = any(r.get("cache") == "warm" for r in runs)
     lines = [
         f"BERT {c['layers']} layers x {c['hidden']}, {c['epochs']} epochs of "
-        f"{c['train'] or 'all'} BBC News articles ({c['seq']} tokens, batch 32), evaluation on "
+        f"{c['train'] or 'all'} BBC News articles ({c['seq']} tokens, batch 32, AdamW at "
+        f"{c.get('lr', 5e-4):g}"
+        + (f", {c['warmup']:.0%} warm-up" if c.get("warmup") else "")
+        + "), evaluation on "
         f"the 445 test articles after each epoch; each arm in a new process with an empty "
         f"Inductor cache; {c['rounds']} round(s), arms in turn"
         + ("; warm: the arm again, in the cache its cold run left." if warm else "."),
