@@ -664,6 +664,43 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
 
+def _fixed_clock(monkeypatch, compiled_s) -> None:
+    """The plan's timing on a fixed clock (a real one decides by this machine's load): an eager
+    step takes 10 ms, a compiled one ``compiled_s(variant plan)``; the plan keeps its prior
+    gain (no profiled step) and the blocks' share of the prior compile (no small-model floor)."""
+    account = Plan._account
+
+    def fixed(self: Plan, variant: str, seconds: float) -> None:
+        v = self.variants[variant]
+        account(self, variant, compiled_s(v) if v.last_was_compiled else 0.01)
+
+    monkeypatch.setattr(Plan, "_account", fixed)
+    monkeypatch.setattr(Plan, "_profile_now", lambda self, variant, v, grad: False)
+    monkeypatch.setattr(plan_mod, "BLOCKS_MIN_S", 0.0)
+
+
+def _train_side_by_side(eager: nn.Module, planned: nn.Module, steps: int, eval_every: int):
+    """``steps`` AdamW steps of both models on the same batches, and every ``eval_every`` an
+    evaluation, whose outputs must agree (fp32: torch's default tolerances)."""
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, planned)]
+    g = torch.Generator().manual_seed(3)
+    for i in range(steps):
+        ids = torch.randint(0, 32, (4, 8), generator=g)
+        for m, opt in zip((eager, planned), opts):
+            logits = m(ids[:, :-1])
+            F.cross_entropy(logits.reshape(-1, 32), ids[:, 1:].reshape(-1)).backward()
+            opt.step()
+            opt.zero_grad()
+        if i % eval_every == eval_every - 1:
+            outs = []
+            for m in (eager, planned):
+                m.eval()
+                with torch.no_grad():
+                    outs.append(m(ids[:, :-1]))
+                m.train()
+            torch.testing.assert_close(outs[1], outs[0])
+
+
 def test_only_a_region_with_repeated_blocks_gets_blocks_as_a_choice(tmp_path):
     from types import SimpleNamespace
 
@@ -695,16 +732,7 @@ def test_a_medium_run_compiles_by_block_and_trains_as_eager_fp32(tmp_path, monke
 
     # The plan's timing on a fixed clock (a real one decides by this machine's load): eager
     # steps 10 ms, compiled ones 9 ms; the compile itself is real.
-    account = Plan._account
-
-    def fixed(self: Plan, variant: str, seconds: float) -> None:
-        account(self, variant, 0.009 if self.variants[variant].last_was_compiled else 0.01)
-
-    monkeypatch.setattr(Plan, "_account", fixed)
-    # and the prior gain, not one estimated from a profiled step (tested on its own above), and
-    # the blocks' share of the prior compile without its small-model floor
-    monkeypatch.setattr(Plan, "_profile_now", lambda self, variant, v, grad: False)
-    monkeypatch.setattr(plan_mod, "BLOCKS_MIN_S", 0.0)
+    _fixed_clock(monkeypatch, lambda v: 0.009)
     torch._dynamo.reset()
     torch.manual_seed(0)
     eager = TinyLM()
@@ -712,22 +740,9 @@ def test_a_medium_run_compiles_by_block_and_trains_as_eager_fp32(tmp_path, monke
     # and save half as much: eager = whole = 5 x C, blocks ~4.9 x C
     steps = round(prior_seconds(eager) / (0.01 * plan_mod.PRIOR_GAIN))
     planned = hasten.compile(copy.deepcopy(eager), steps=steps, cache_dir=tmp_path)
-    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, planned)]
-    g = torch.Generator().manual_seed(3)
     with caplog.at_level(logging.INFO, logger="hasten"):
-        for i in range(10):
-            ids = torch.randint(0, 32, (4, 8), generator=g)
-            for m, opt in zip((eager, planned), opts):
-                logits = m(ids[:, :-1])
-                F.cross_entropy(logits.reshape(-1, 32), ids[:, 1:].reshape(-1)).backward()
-                opt.step()
-                opt.zero_grad()
-            if i % 3 == 2:  # an evaluation now and then: its share of the run does not pay
-                for m in (eager, planned):
-                    m.eval()
-                    with torch.no_grad():
-                        m(ids[:, :-1])
-                    m.train()
+        # an evaluation now and then: its share of the run does not pay
+        _train_side_by_side(eager, planned, steps=10, eval_every=3)
     report = compile_report(planned)
     assert any("the compile plan chose to compile TinyLM by block" in f for f in report.fixes)
     assert any("compiling by block" in r.getMessage() for r in caplog.records)
@@ -874,16 +889,7 @@ def test_blocks_that_measure_below_their_prior_swap_to_the_whole_model_as_eager_
 
     # The plan's timing on a fixed clock: eager steps 10 ms, by block 9.9 ms (1 % saved, far
     # below the prior's 10 %), compiled whole 8 ms; the compiles themselves are real.
-    account = Plan._account
-
-    def fixed(self: Plan, variant: str, seconds: float) -> None:
-        v = self.variants[variant]
-        by_block = 0.0099 if v.regions == "blocks" else 0.008
-        account(self, variant, by_block if v.last_was_compiled else 0.01)
-
-    monkeypatch.setattr(Plan, "_account", fixed)
-    monkeypatch.setattr(Plan, "_profile_now", lambda self, variant, v, grad: False)
-    monkeypatch.setattr(plan_mod, "BLOCKS_MIN_S", 0.0)
+    _fixed_clock(monkeypatch, lambda v: 0.0099 if v.regions == "blocks" else 0.008)
     torch._dynamo.reset()
     torch.manual_seed(0)
     eager = TinyLM()
@@ -891,22 +897,8 @@ def test_blocks_that_measure_below_their_prior_swap_to_the_whole_model_as_eager_
     # ~5.8 C, eager 6 C; then, blocks measured at 1 %, whole ~5.8 C beats blocks' ~5.94 C
     steps = round(1.2 * prior_seconds(eager) / (0.01 * plan_mod.PRIOR_GAIN))
     planned = hasten.compile(copy.deepcopy(eager), steps=steps, cache_dir=tmp_path)
-    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, planned)]
-    g = torch.Generator().manual_seed(3)
     with caplog.at_level(logging.INFO, logger="hasten"):
-        for i in range(20):
-            ids = torch.randint(0, 32, (4, 8), generator=g)
-            for m, opt in zip((eager, planned), opts):
-                logits = m(ids[:, :-1])
-                F.cross_entropy(logits.reshape(-1, 32), ids[:, 1:].reshape(-1)).backward()
-                opt.step()
-                opt.zero_grad()
-            if i % 6 == 5:  # an evaluation now and then, eager throughout
-                for m in (eager, planned):
-                    m.eval()
-                    with torch.no_grad():
-                        torch.testing.assert_close(m(ids[:, :-1]), eager(ids[:, :-1]))
-                    m.train()
+        _train_side_by_side(eager, planned, steps=20, eval_every=6)  # evaluation eager throughout
     report = compile_report(planned)
     assert any("chose to compile TinyLM by block" in f for f in report.fixes)
     assert any("swapped TinyLM from its blocks to the whole model" in f for f in report.fixes)
