@@ -290,17 +290,19 @@ def _copy_batch(
 
 
 def _same_strides(t: torch.Tensor) -> torch.Tensor:
-    """A copy of ``t`` with its sizes and strides. The compiled code is first traced on the
-    check's copies, and TorchDynamo guards on strides: a plain clone of a slice (a language
-    model's ``ids[:, :-1]``, strides ``(8, 1)``) is contiguous (``(7, 1)``), so the user's own
-    tensor then failed the guard and the model compiled a second time at its first step. The
-    memory the tensor spans is copied and viewed with its strides, which keeps an expanded
-    tensor's zero strides too."""
-    if t.layout != torch.strided or t.numel() == 0 or type(t) is not torch.Tensor:
+    """A copy of ``t`` laid out as ``t`` is: its sizes and strides, and, for a view, a copy of
+    its base viewed the same way. The compiled code is first traced on the check's copies, and
+    TorchDynamo guards on strides and on whether an input is a view: a plain clone of a slice
+    (a language model's ``ids[:, :-1]``, strides ``(8, 1)``) is contiguous (``(7, 1)``), so the
+    user's own tensor then failed the guard and the model compiled a second time at its first
+    step; an expanded tensor (zero strides) likewise."""
+    if t.layout != torch.strided or type(t) is not torch.Tensor:
         return t.clone()
-    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-    flat = t.as_strided((span,), (1,), t.storage_offset()).clone()
-    return flat.as_strided(t.shape, t.stride())
+    base = t._base
+    if base is not None:  # a view (never of a view: ``_base`` is the tensor owning the memory)
+        return _same_strides(base).as_strided(t.shape, t.stride(), t.storage_offset())
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return out.copy_(t)
 
 
 def _probe(out: Any) -> torch.Tensor | None:
