@@ -290,19 +290,26 @@ def _copy_batch(
 
 
 def _same_strides(t: torch.Tensor) -> torch.Tensor:
-    """A copy of ``t`` laid out as ``t`` is: its sizes and strides, and, for a view, a copy of
-    its base viewed the same way. The compiled code is first traced on the check's copies, and
-    TorchDynamo guards on strides and on whether an input is a view: a plain clone of a slice
-    (a language model's ``ids[:, :-1]``, strides ``(8, 1)``) is contiguous (``(7, 1)``), so the
-    user's own tensor then failed the guard and the model compiled a second time at its first
-    step; an expanded tensor (zero strides) likewise."""
+    """A copy of ``t`` laid out as ``t`` is: its sizes and strides, and a view where ``t`` is one.
+
+    The compiled code is first traced on the check's copies, and TorchDynamo guards on strides
+    and on whether an input is a view: a plain clone of a slice (a language model's
+    ``ids[:, :-1]``, strides ``(8, 1)``) is contiguous (``(7, 1)``), so the user's own tensor
+    then failed the guard and the model compiled a second time at its first step; an expanded
+    tensor (zero strides) likewise. A view's copy is the memory it spans, not its whole base (a
+    batch sliced from a dataset held in one tensor would copy the dataset), viewed the same way.
+    """
     if t.layout != torch.strided or type(t) is not torch.Tensor:
         return t.clone()
-    base = t._base
-    if base is not None:  # a view (never of a view: ``_base`` is the tensor owning the memory)
-        return _same_strides(base).as_strided(t.shape, t.stride(), t.storage_offset())
+    if t._base is not None:
+        span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+        flat = t.as_strided((span,), (1,), t.storage_offset()).clone()
+        return flat.as_strided(t.shape, t.stride())
     out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    return out.copy_(t)
+    try:
+        return out.copy_(t)
+    except RuntimeError:  # overlapping strides, which cannot be written to
+        return t.clone()
 
 
 def _probe(out: Any) -> torch.Tensor | None:

@@ -248,6 +248,22 @@ def test_checking_a_call_on_sliced_or_expanded_inputs_does_not_make_the_users_ca
     assert rep.graph_count == 1 and not rep.recompiles, str(rep)
 
 
+def test_the_checks_copies_keep_layout_and_view_ness_without_copying_a_views_whole_base():
+    data = torch.arange(1000.0).reshape(100, 10)  # a dataset held in one tensor
+    for t in (
+        data[20:24],  # a batch sliced from it: a view with an offset
+        data[20:24, :-1],  # strided
+        torch.ones(1, 8).expand(4, 8),  # zero strides
+        torch.randn(4, 8),  # a plain tensor: its copy must not be a view
+        torch.randn(8, 4).t(),  # a transposed view
+    ):
+        c = check_mod._same_strides(t)
+        assert (c.shape, c.stride(), c._base is None) == (t.shape, t.stride(), t._base is None)
+        torch.testing.assert_close(c, t, rtol=0, atol=0)
+        assert c.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+        assert c.untyped_storage().nbytes() <= 4 * 40 * 10  # the span, not the dataset
+
+
 class _NumpyMask(nn.Module):
     """Masks features with NumPy's global generator, as Wav2Vec2's SpecAugment does."""
 
