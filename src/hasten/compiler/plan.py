@@ -36,7 +36,7 @@ evaluation, scoring) from what it can know:
   for good, calling them; its plan goes on timing the steps (a few eager ones after the
   compiled ones, as the settled reference), so blocks measured slower go back to eager, and
   blocks measured far below their prior swap to the whole region when its compile plus the
-  steps left at its gain now costs less than those steps as measured (``Plan._whole_pays``:
+  steps left at its gain now costs less than those steps as measured (``Plan._swap_to_whole``:
   the blocks' compile is spent either way; the block regions are taken off and the whole
   region compiles at the next call). By the priors that happens in the upper part of the
   blocks' window, ``C < steps_left * step * gain < 1.28 C``, where blocks saved next to
@@ -100,7 +100,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -654,11 +654,10 @@ class Plan:
 
     def _by_block(self, variant: str, v: VariantPlan) -> None:
         """From now on compiling ``variant`` means compiling the region's blocks."""
-        figures = self._blocks_figures(variant, v)
-        v.whole = _Figures(v.expected_s, v.source, v.gain, v.measured_gain, v.gain_note)
+        v.whole = _Figures.of(v)
+        # the blocks' gain is a share of the whole region's: its note still says where from
+        replace(self._blocks_figures(variant, v), gain_note=v.gain_note).apply(v)
         v.regions = "blocks"
-        v.expected_s, v.source = figures.expected_s, figures.source
-        v.gain, v.measured_gain = figures.gain, figures.measured_gain
 
     def _timed_enough(self, times: list[float]) -> bool:
         """Whether the eager steps timed so far tell what a step costs.
@@ -706,7 +705,7 @@ class Plan:
             f"{reference}; the next run in this cache plans with that"
         )
         what = " by block" if v.regions == "blocks" else ""
-        if v.regions == "blocks" and self._whole_pays(variant, v, eager, compiled, measured):
+        if v.regions == "blocks" and self._swap_to_whole(variant, v, eager, compiled, measured):
             return
         if compiled >= eager:
             v.state = "eager_for_good"
@@ -729,12 +728,13 @@ class Plan:
             )
         self._note(line)
 
-    def _whole_pays(
+    def _swap_to_whole(
         self, variant: str, v: VariantPlan, eager: float, compiled: float, measured: str
     ) -> bool:
         """Once a training variant's blocks are measured, on a run of known length: swap to the
         whole region when its expected compile plus the steps left at its gain now costs less
         than the steps left as they measured (by block, or eagerly where blocks are slower).
+        Whether it swapped.
 
         The three-way choice took blocks on their priors (half the whole model's saving for a
         third of its compile); where they measure far below that (BERT-base at 1 x 128 kept
@@ -769,10 +769,8 @@ class Plan:
         self.by_block = False
         for other in self.variants.values():
             if other.whole is not None:  # back to the whole region's figures
-                w = other.whole
-                other.expected_s, other.source = w.expected_s, w.source
-                other.gain, other.measured_gain = w.gain, w.measured_gain
-                other.gain_note, other.regions, other.whole = w.gain_note, "whole", None
+                other.whole.apply(other)
+                other.regions, other.whole = "whole", None
             if other is not v and other.state == "blocks":  # plans again, as a whole region
                 other.state = "eager"
         v.state = "compiled"
@@ -895,6 +893,16 @@ class _Figures:
     gain: float
     measured_gain: bool
     gain_note: str = ""  # where an estimated ``gain`` comes from (VariantPlan.gain_note)
+
+    @classmethod
+    def of(cls, v: VariantPlan) -> _Figures:
+        """The figures ``v`` plans with now."""
+        return cls(v.expected_s, v.source, v.gain, v.measured_gain, v.gain_note)
+
+    def apply(self, v: VariantPlan) -> None:
+        """Make ``v`` plan with these figures."""
+        v.expected_s, v.source = self.expected_s, self.source
+        v.gain, v.measured_gain, v.gain_note = self.gain, self.measured_gain, self.gain_note
 
 
 class BlockPlan:
