@@ -19,7 +19,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from hasten.compiler.hooks.aten import native_bf16_cpu
 from hasten.sifting import RelativeProbabilisticSiftConfig
+
+# precision="bf16" on CPU is refused where the CPU would emulate bf16 (no AVX512-BF16 or AMX)
+NEEDS_NATIVE_BF16 = pytest.mark.skipif(
+    native_bf16_cpu() is False,
+    reason="CPU without native bf16 (precision='bf16' is refused there)",
+)
 
 
 def sift_config(beta: float = 1.0, history: int = 256, delay: int = 0, repeat: bool = False):

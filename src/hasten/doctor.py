@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from hasten.machine import cpu_flags, cpu_model, package_version, usable_cores
+from hasten.machine import cpu_bf16_units, cpu_flags, cpu_model, package_version, usable_cores
 
 __all__ = ["GROUPS", "Check", "run_checks"]
 
@@ -161,11 +161,17 @@ def _bf16() -> Check:
             f"GPU bf16 {'supported' if ok else 'not supported'}",
             "" if ok else "use precision='fp16' (grad scaling) or fp32 on this GPU",
         )
-    flags = cpu_flags()
-    native = flags.get("avx512_bf16") or flags.get("amx_bf16")
-    if native:
-        units = [n for n in ("avx512_bf16", "amx_bf16") if flags.get(n)]
+    units = cpu_bf16_units()
+    if units:
         return Check("bf16", "ok", f"CPU bf16 in hardware ({', '.join(units)})")
+    if units is None:  # no x86 flags to read: what precision='bf16' goes by
+        from hasten.compiler.hooks.aten import native_bf16_cpu
+
+        native = native_bf16_cpu()
+        if native is None:
+            return Check("bf16", "info", "cannot tell whether this CPU has bf16 instructions")
+        if native:
+            return Check("bf16", "ok", "CPU bf16 supported (oneDNN's answer)")
     return Check(
         "bf16",
         "warn",

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "cpu_bf16_units",
     "cpu_flags",
     "cpu_model",
     "git_commit",
@@ -62,6 +63,21 @@ def cpu_flags() -> dict[str, bool]:
     """Which of the kernel-relevant instruction-set features the CPU reports (Linux only)."""
     flags = set((_cpuinfo_field("flags") or "").split())
     return {name: name in flags for name in _FLAGS_OF_INTEREST}
+
+
+def cpu_bf16_units() -> list[str] | None:
+    """The x86 CPU's bfloat16 arithmetic units its flags list: ``avx512_bf16``, ``amx_bf16``.
+
+    ``[]`` when the flags list neither (bfloat16 then runs emulated, slower than fp32); ``None``
+    when there are no x86 flags to read (another OS or architecture: unknown). A virtual machine
+    lists what it lets its guest use, which is what counts: a Xeon with AMX whose hypervisor hides
+    AMX and AVX512-BF16 has neither.
+    """
+    flags = _cpuinfo_field("flags")
+    if flags is None:
+        return None
+    have = set(flags.split())
+    return [name for name in ("avx512_bf16", "amx_bf16") if name in have]
 
 
 def usable_cores() -> int:

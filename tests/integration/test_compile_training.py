@@ -13,6 +13,7 @@ from torch import nn
 import hasten
 from hasten.bench.models import get_model_spec
 from hasten.compiler.verify import TOLERANCES
+from tests._helpers import NEEDS_NATIVE_BF16
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.slow
@@ -39,9 +40,7 @@ def test_compiled_training_matches_eager_fp32(name):
         assert result.report.graph_count == 1, str(result.report)
 
 
-@pytest.mark.skipif(
-    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="CPU without native bf16"
-)
+@NEEDS_NATIVE_BF16
 @pytest.mark.parametrize("name", ["mlp", "gpt2"])
 def test_bf16_training_tracks_fp32_within_bf16_tolerance(name):
     if name == "gpt2":

@@ -321,7 +321,8 @@ class CompileConfig:
             if device.type == "cpu" and native_bf16_cpu() is False:
                 raise ValueError(
                     "precision='bf16' needs a CPU with native bfloat16 (AVX512-BF16 or AMX); "
-                    "this one would emulate it, slower than fp32; use precision='fp32'"
+                    "this one lists neither and would emulate it, slower than fp32 ('hasten "
+                    "doctor' shows what it has); use precision='fp32'"
                 )
         if self.mode == "reduce-overhead" and device.type != "cuda":
             raise ValueError(

@@ -206,6 +206,12 @@ def compile(
             )
     run_steps = _run_steps(data, epochs, steps_per_epoch)
     backend = keras.backend.backend()
+    if precision == "bf16" and _bf16_emulated(backend):
+        _warn(
+            "precision='bf16' on this CPU runs emulated: it lists no AVX512-BF16 or AMX unit "
+            "('hasten doctor' shows what it has), so bf16 matmuls are usually slower than fp32's "
+            "here; build the model in float32 and pass precision='fp32'"
+        )
     model, built = _model_under_policy(model, POLICIES[precision])
     if not getattr(model, "compiled", False) or model.optimizer is None:
         raise ValueError(
@@ -559,6 +565,27 @@ def _rel(a: float, b: float) -> float:
 def _one_line(err: BaseException) -> str:
     text = " ".join(str(err).split())
     return f"{type(err).__name__}: {text}"[:400]
+
+
+def _bf16_emulated(backend: str) -> bool:
+    """Whether ``backend`` would run bf16 on a CPU without bf16 units (no GPU in its sight)."""
+    from hasten.compiler.hooks.aten import native_bf16_cpu
+
+    if native_bf16_cpu() is not False:
+        return False
+    if backend == "torch":
+        import torch
+
+        return not torch.cuda.is_available()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return not tf.config.list_physical_devices("GPU")
+    if backend == "jax":
+        import jax
+
+        return bool(jax.default_backend() == "cpu")
+    return False
 
 
 def _warn(message: str) -> None:

@@ -28,14 +28,12 @@ from torch import nn
 import hasten
 from hasten.bench.models import get_model_spec
 from hasten.compiler.verify import TOLERANCES
+from tests._helpers import NEEDS_NATIVE_BF16
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-        reason="CPU without native bf16 (precision='bf16' is refused there)",
-    ),
+    NEEDS_NATIVE_BF16,
 ]
 
 STEPS, BATCHES, LR = 300, 16, 3e-3

@@ -204,6 +204,11 @@ def test_aten_hooks_answer_alike_without_their_private_names(monkeypatch, fresh_
     _force_missing(monkeypatch, "aten.safe_softmax", "gone")
     torch.testing.assert_close(aten.safe_softmax(scores, -1), want, rtol=0, atol=0)  # fp32
     assert isinstance(aten.native_bf16_cpu(), bool)
+    from hasten import machine
+
+    # no x86 flags to read (the flags decide where there are): oneDNN's answer, or unknown
+    monkeypatch.setattr(machine, "_cpuinfo_field", lambda field: None)
+    assert isinstance(aten.native_bf16_cpu(), bool)
     _force_missing(monkeypatch, "aten.mkldnn_bf16", "gone")
     assert aten.native_bf16_cpu() is None  # unknown: precision="bf16" is not refused for it
     if torch.backends.mkldnn.is_available():

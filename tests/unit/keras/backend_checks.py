@@ -119,6 +119,25 @@ def precision() -> dict:
     return out
 
 
+def bf16_emulated() -> dict:
+    """precision='bf16' warns on a CPU whose flags list no bf16 unit, and not on one that has."""
+    from hasten import machine
+
+    avx512 = "fpu sse2 avx avx2 avx512f avx512bw avx512vl"
+    out: dict = {}
+    real = machine._cpuinfo_field
+    try:
+        for name, flags in (("without", avx512), ("with", avx512 + " avx512_bf16 amx_bf16")):
+            machine._cpuinfo_field = lambda field, flags=flags: flags if field == "flags" else None
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                hk.compile(build, (X[:16], Y[:16]), precision="bf16", verbose=False, candidates=[])
+            out[name] = [str(w.message) for w in caught if "emulated" in str(w.message)]
+    finally:
+        machine._cpuinfo_field = real
+    return out
+
+
 def torch_no_recompiles() -> dict:
     records: list[str] = []
 
@@ -185,7 +204,13 @@ def sifting() -> dict:
 
 
 if __name__ == "__main__":
-    checks = {"parity": parity, "fallback": fallback, "precision": precision, "sifting": sifting}
+    checks = {
+        "parity": parity,
+        "fallback": fallback,
+        "precision": precision,
+        "bf16_emulated": bf16_emulated,
+        "sifting": sifting,
+    }
     if BACKEND == "torch":
         checks["no_recompiles"] = torch_no_recompiles
     wanted = sys.argv[1:] or list(checks)

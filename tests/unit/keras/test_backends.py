@@ -86,6 +86,17 @@ def test_mixed_precision_policy(checks):
 
 
 @pytest.mark.slow
+def test_bf16_on_a_cpu_that_emulates_it_warns(checks):
+    w = checks["bf16_emulated"]
+    if (
+        w["without"] == [] and w["with"] == []
+    ):  # a GPU in the backend's sight: Keras runs bf16 there
+        pytest.skip("the backend sees a GPU")
+    assert len(w["without"]) == 1 and "precision='fp32'" in w["without"][0]
+    assert w["with"] == []
+
+
+@pytest.mark.slow
 def test_sifting_fit_keeps_law_and_loses_nothing(checks):
     s = checks["sifting"]
     stats = s["stats"]
