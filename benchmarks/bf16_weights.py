@@ -3,6 +3,7 @@
     python benchmarks/bf16_weights.py [--models gpt2,llama] [--batch 2] [--seq 256]
         [--warmup 3] [--steps 10] [--threads 2] [--candidates a,b,...]
     python benchmarks/bf16_weights.py --numerics [--numerics-steps 300]
+    python benchmarks/bf16_weights.py --update [--models gpt2,llama] [--steps 12]
 
 A measurement, not a library feature: the optimizers below live in this script only. The
 records also hold a ``hasten-bf16-weights`` row: a library prototype of the same idea
@@ -39,6 +40,13 @@ bf16-weights+split-AdamW        the same model and compile; the bf16 parameters 
                                 moments, applies AdamW in fp32 and writes both halves back: one
                                 pass. Its compile is timed apart (``update_compile_s``)
 hasten-fp32                     ``hasten.compile(model, regions="whole")`` in fp32, default AdamW
+bf16-weights+fused-master       as ``bf16-weights+master-AdamW``, the update one compiled pass per
+                                parameter (:func:`master_update`: the bf16 gradient read once,
+                                master, moments and bf16 weight written once; nothing allocated
+                                per step)
+bf16-weights+split8-AdamW       the split master, per parameter: the bf16 parameter is the top
+                                half, two uint8 tensors the low half (Inductor vectorizes uint8,
+                                not int16), :func:`split8_update` compiled per parameter
 ==============================  =================================================================
 
 ``verify_first_call=False`` for the bf16-weight candidates: with precision fp32 hasten's first
@@ -58,6 +66,13 @@ kernels, matmuls, optimizer, ...; the profiler's own overhead included).
 bf16-weight forms above; the mean loss of the last 20 steps
 against fp32's, the worst single step, and the split update against the master update (both in
 fp32 arithmetic).
+
+``--update``: the optimizer step alone, on each model's parameter shapes (random weights, bf16
+gradients), every form and fp32 ``AdamW(fused=True)`` (today's ``precision="bf16"`` step) in one
+process, rounds interleaved with the order rotated; then each form against fp32 AdamW over 3
+steps from the same master. Memory-bound elementwise work with no bf16 matmul, so it means the
+about the same on a CPU without bf16 units (bf16 conversions then take integer shifts). Writes
+``benchmarks/results/compile-cpu-bf16-update.json`` unless ``--json``.
 
 Writes ``benchmarks/results/compile-cpu-bf16-weights-{amx,noamx}.json`` (``--json`` picks another
 path) and prints the table.
@@ -82,8 +97,10 @@ CANDIDATES = (
     "bf16-weights+master-AdamW",
     "bf16-weights+split-AdamW",
     "hasten-fp32",
+    "bf16-weights+fused-master",
+    "bf16-weights+split8-AdamW",
 )
-DEFAULT_CANDIDATES = CANDIDATES[:3]
+DEFAULT_CANDIDATES = ("hasten-bf16", "bf16-weights+master-AdamW", "bf16-weights+fused-master")
 LR, BETAS, EPS, WD = 1e-4, (0.9, 0.999), 1e-8, 0.01
 
 
@@ -125,30 +142,82 @@ class MasterAdamW:
             torch._foreach_copy_(self.params, self.masters)
 
 
-def split_update(
-    top, low, grad, exp_avg, exp_avg_sq, decay, step_size, beta1, beta2, bc2_sqrt, eps
-):
-    """One AdamW step on a master weight kept as two int16 halves, in place.
+def _adamw(w, grad, exp_avg, exp_avg_sq, decay, step_size, beta1, beta2, bc2_sqrt, eps):
+    """AdamW's arithmetic in fp32 on a master weight ``w``: the new (weight, exp_avg, exp_avg_sq).
 
-    ``top`` holds the bits of the bf16 weight the model uses (the master rounded to the nearest,
-    ties away from zero), ``low`` the signed difference to the master's bits, so
-    ``master_bits = (top << 16) + low`` exactly. Arithmetic as ``torch.optim.AdamW``'s, with
-    ``decay = 1 - lr * weight_decay`` and ``step_size = lr / (1 - beta1**step)`` computed in
-    double on the host, as PyTorch does.
+    As ``torch.optim.AdamW``'s, with ``decay = 1 - lr * weight_decay``, ``step_size = lr / (1 -
+    beta1**step)`` and ``bc2_sqrt = sqrt(1 - beta2**step)`` computed in double on the host, as
+    PyTorch does, and passed as 0-dim fp32 tensors so that no value recompiles.
     """
-    import torch
-
-    bits = (top.to(torch.int32) << 16) + low.to(torch.int32)
-    w = bits.view(torch.float32)
     g = grad.float()
     w = w * decay
     m = exp_avg + (g - exp_avg) * (1 - beta1)
     v = exp_avg_sq * beta2 + g * g * (1 - beta2)
-    w = w - step_size * m / (v.sqrt() / bc2_sqrt + eps)
+    return w - step_size * m / (v.sqrt() / bc2_sqrt + eps), m, v
+
+
+def _step_scalars(lr: float, weight_decay: float, step: int) -> list:
+    import torch
+
+    b1, b2 = BETAS
+    return [
+        torch.tensor(x, dtype=torch.float32)
+        for x in (1 - lr * weight_decay, lr / (1 - b1**step), b1, b2, (1 - b2**step) ** 0.5, EPS)
+    ]
+
+
+def master_update(master, param, grad, exp_avg, exp_avg_sq, *scalars) -> None:
+    """One AdamW step on an fp32 master and its bf16 parameter, in place, in one pass: the bf16
+    gradient read once, the master, the moments and the bf16 weight (the master rounded to
+    nearest) written once."""
+    import torch
+
+    w, m, v = _adamw(master, grad, exp_avg, exp_avg_sq, *scalars)
+    master.copy_(w)
+    param.copy_(w.to(torch.bfloat16))
+    exp_avg.copy_(m)
+    exp_avg_sq.copy_(v)
+
+
+def split_update(top, low, grad, exp_avg, exp_avg_sq, *scalars) -> None:
+    """One AdamW step on a master weight kept as two int16 halves, in place.
+
+    ``top`` holds the bits of the bf16 weight the model uses (the master rounded to the nearest,
+    ties away from zero), ``low`` the signed difference to the master's bits, so
+    ``master_bits = (top << 16) + low`` exactly. Inductor writes this kernel as a scalar loop: it
+    vectorizes no int16 load or store (torch 2.13).
+    """
+    import torch
+
+    bits = (top.to(torch.int32) << 16) + low.to(torch.int32)
+    w, m, v = _adamw(bits.view(torch.float32), grad, exp_avg, exp_avg_sq, *scalars)
     nb = w.view(torch.int32)
     t = (nb + 0x8000) >> 16
     top.copy_(t.to(torch.int16))
     low.copy_((nb - (t << 16)).to(torch.int16))
+    exp_avg.copy_(m)
+    exp_avg_sq.copy_(v)
+
+
+def split8_update(top, low_a, low_b, grad, exp_avg, exp_avg_sq, *scalars) -> None:
+    """:func:`split_update` with the low half in two uint8 tensors, which Inductor vectorizes.
+
+    ``top`` is the bf16 weight itself: read as fp32 it is its bits shifted left by 16, exactly.
+    The low half is kept offset, ``u = low + 0x8000`` in ``[0, 0xFFFF]``, as ``low_a = u & 0xFF``
+    and ``low_b = u >> 8``. The new top goes back through fp32 with its low 16 bits zero, so the
+    cast to bf16 is exact (a NaN master stays NaN, its payload aside).
+    """
+    import torch
+
+    low = low_a.to(torch.int32) + low_b.to(torch.int32) * 256 - 0x8000
+    bits = top.float().view(torch.int32) + low
+    w, m, v = _adamw(bits.view(torch.float32), grad, exp_avg, exp_avg_sq, *scalars)
+    nb = w.view(torch.int32)
+    t = ((nb + 0x8000) >> 16) << 16
+    u = nb - t + 0x8000
+    top.copy_(t.view(torch.float32).to(torch.bfloat16))
+    low_a.copy_((u & 0xFF).to(torch.uint8))
+    low_b.copy_((u >> 8).to(torch.uint8))
     exp_avg.copy_(m)
     exp_avg_sq.copy_(v)
 
@@ -162,11 +231,101 @@ def split_halves(master):
     return t.to(torch.int16), (nb - (t << 16)).to(torch.int16)
 
 
-class SplitAdamW:
-    """bf16 parameters (views into one flat buffer: the masters' top halves) + int16 low halves."""
+class FusedMasterAdamW:
+    """bf16 parameters updated in place by one compiled call per parameter, nothing allocated per
+    step: with an fp32 master each (:func:`master_update`), or with ``split=True`` the bf16
+    parameter as the master's top half and two uint8 tensors its low half
+    (:func:`split8_update`). One kernel serves every size (``dynamic=True``)."""
 
     def __init__(
-        self, params: list, masters: list, *, lr: float, weight_decay: float, compiled: bool = True
+        self, params: list, masters: list, *, lr: float, weight_decay: float, split: bool = False
+    ) -> None:
+        import torch
+
+        self.params = params
+        self.lr, self.wd = lr, weight_decay
+        flat_masters = [m.detach().reshape(-1).float().clone() for m in masters]
+        self.flat = [p.data.view(-1) for p in params]
+        self.state: list[tuple] = []
+        for p, w in zip(self.flat, flat_masters):
+            if split:
+                top, low16 = split_halves(w)
+                p.copy_(top.view(torch.bfloat16))  # the master rounded as split8_update rounds
+                u = low16.to(torch.int32) + 0x8000
+                self.state.append(((u & 0xFF).to(torch.uint8), (u >> 8).to(torch.uint8)))
+            else:
+                self.state.append((w,))
+        self.split = split
+        self.exp_avg = [torch.zeros_like(m) for m in flat_masters]
+        self.exp_avg_sq = [torch.zeros_like(m) for m in flat_masters]
+        self.steps = 0
+        # Inductor picks a kernel's threading from the size it traces: threaded at any size, so
+        # that a kernel first traced on a bias does not run the largest weights on one thread
+        self.kernel = torch.compile(
+            split8_update if split else master_update,
+            fullgraph=True,
+            dynamic=True,
+            options={"cpp.min_chunk_size": 1},
+        )
+        self.compile_s: float | None = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def master(self):
+        import torch
+
+        if not self.split:
+            return torch.cat([w for (w,) in self.state])
+        out = []
+        for p, (a, b) in zip(self.flat, self.state):
+            low = a.to(torch.int32) + b.to(torch.int32) * 256 - 0x8000
+            out.append((p.float().view(torch.int32) + low).view(torch.float32))
+        return torch.cat(out)
+
+    def low_bits(self):
+        """The split's low halves as signed int32 differences (``split=True`` only)."""
+        import torch
+
+        return torch.cat(
+            [a.to(torch.int32) + b.to(torch.int32) * 256 - 0x8000 for a, b in self.state]
+        )
+
+    def step(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            self.steps += 1
+            scalars = _step_scalars(self.lr, self.wd, self.steps)
+            t0 = time.perf_counter()
+            for p, flat, state, m, v in zip(
+                self.params, self.flat, self.state, self.exp_avg, self.exp_avg_sq
+            ):
+                if p.grad is None:
+                    continue
+                grad = p.grad.reshape(-1)
+                if self.split:
+                    self.kernel(flat, *state, grad, m, v, *scalars)
+                else:
+                    self.kernel(state[0], flat, grad, m, v, *scalars)
+            if self.compile_s is None:
+                self.compile_s = time.perf_counter() - t0
+
+
+class SplitAdamW:
+    """bf16 parameters (views into one flat buffer: the masters' top halves) and one flat int16
+    buffer of the masters' low halves; the gradients concatenated into one flat buffer and
+    :func:`split_update` compiled over all of it each step."""
+
+    def __init__(
+        self,
+        params: list,
+        masters: list,
+        *,
+        lr: float,
+        weight_decay: float,
+        compiled: bool = True,
     ) -> None:
         import torch
 
@@ -174,7 +333,7 @@ class SplitAdamW:
         self.lr, self.wd = lr, weight_decay
         numel = sum(p.numel() for p in params)
         flat = torch.cat([m.detach().reshape(-1).float() for m in masters])
-        top, self.low = split_halves(flat)
+        top, low16 = split_halves(flat)
         self.top = top.view(torch.bfloat16)
         off = 0
         for p in params:
@@ -182,6 +341,7 @@ class SplitAdamW:
             p.data = self.top[off : off + n].view(p.shape)
             off += n
         self.top_i16 = self.top.view(torch.int16)
+        self.low = low16
         self.exp_avg = torch.zeros(numel)
         self.exp_avg_sq = torch.zeros(numel)
         self.steps = 0
@@ -194,10 +354,16 @@ class SplitAdamW:
         for p in self.params:
             p.grad = None
 
+    def low_bits(self):
+        """The low halves as signed int32 differences."""
+        import torch
+
+        return self.low.to(torch.int32)
+
     def master(self):
         import torch
 
-        return ((self.top_i16.to(torch.int32) << 16) + self.low.to(torch.int32)).view(torch.float32)
+        return ((self.top_i16.to(torch.int32) << 16) + self.low_bits()).view(torch.float32)
 
     def step(self) -> None:
         import torch
@@ -212,18 +378,7 @@ class SplitAdamW:
                 ]
             )
             self.steps += 1
-            b1, b2 = BETAS
-            scalars = [
-                torch.tensor(x, dtype=torch.float32)
-                for x in (
-                    1 - self.lr * self.wd,
-                    self.lr / (1 - b1**self.steps),
-                    b1,
-                    b2,
-                    (1 - b2**self.steps) ** 0.5,
-                    EPS,
-                )
-            ]
+            scalars = _step_scalars(self.lr, self.wd, self.steps)
             t0 = time.perf_counter()
             self.kernel(self.top_i16, self.low, grad, self.exp_avg, self.exp_avg_sq, *scalars)
             if self.compile_s is None:
@@ -271,6 +426,9 @@ def _bf16_weights(model, name: str, *, lr: float, weight_decay: float, compiled:
         p.data = p.data.to(torch.bfloat16)
     if name == "bf16-weights+master-AdamW":
         return MasterAdamW(params, masters, lr=lr, weight_decay=weight_decay)
+    if name in ("bf16-weights+fused-master", "bf16-weights+split8-AdamW"):
+        split = name == "bf16-weights+split8-AdamW"
+        return FusedMasterAdamW(params, masters, lr=lr, weight_decay=weight_decay, split=split)
     return SplitAdamW(params, masters, lr=lr, weight_decay=weight_decay, compiled=compiled)
 
 
@@ -392,6 +550,8 @@ def parent(args: argparse.Namespace) -> int:
 
 
 def render(out: dict[str, Any]) -> str:
+    if "update" in out:  # an --update record
+        return render_update(out)
     s = out["settings"]
     lines = []
     if "results" in out:
@@ -558,6 +718,126 @@ def numerics(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _split_vs_master() -> str:
+    c = _against_fused("split-int16")
+    return (
+        f"after 3 steps the masters differ by at most {c['max_master_diff_of_update']:.1e} of the "
+        f"largest update; the bf16 weight is the master rounded to nearest on "
+        f"{c['weights'] - c['not_nearest']} of {c['weights']} weights, the other "
+        f"{c['not_nearest']} ({c['ties']} of them exact ties) one bf16 ulp away"
+    )
+
+
+# --------------------------------------------------------------------------- the update alone
+
+UPDATES = {
+    "AdamW(fused)-fp32": "today's precision='bf16' optimizer step: fp32 parameters and fp32 "
+    "gradients, torch.optim.AdamW(fused=True)",
+    "master-AdamW": "bf16-weights+master-AdamW's step: fp32 copies of the bf16 gradients, "
+    "AdamW(fused=True) on the fp32 masters, torch._foreach_copy_ back into the bf16 parameters",
+    "fused-master": "bf16-weights+fused-master's step: master_update, one compiled pass per "
+    "parameter (dynamic shapes, one kernel)",
+    "split-int16": "bf16-weights+split-AdamW's step: gradients concatenated, split_update over "
+    "the flat buffers (int16 low halves)",
+    "split-uint8": "bf16-weights+split8-AdamW's step: split8_update, one compiled pass per "
+    "parameter (the bf16 parameter is the master's top half, two uint8 tensors its low half)",
+}
+_FORM = {
+    "master-AdamW": "bf16-weights+master-AdamW",
+    "fused-master": "bf16-weights+fused-master",
+    "split-int16": "bf16-weights+split-AdamW",
+    "split-uint8": "bf16-weights+split8-AdamW",
+}
+
+
+def _update_optimizer(name: str, masters: list, grads: list):
+    """``name``'s optimizer over fresh parameters shaped as ``masters``, gradients set."""
+    import torch
+
+    if name == "AdamW(fused)-fp32":
+        params = [torch.nn.Parameter(m.clone()) for m in masters]
+        for p, g in zip(params, grads):
+            p.grad = g.float()
+        return torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
+    params = [torch.nn.Parameter(m.bfloat16()) for m in masters]
+    for p, g in zip(params, grads):
+        p.grad = g
+    form = _FORM[name]
+    kw: dict[str, Any] = {"lr": LR, "weight_decay": WD}
+    if form == "bf16-weights+master-AdamW":
+        return MasterAdamW(params, [m.clone() for m in masters], **kw)
+    if form == "bf16-weights+split-AdamW":
+        return SplitAdamW(params, masters, **kw)
+    return FusedMasterAdamW(params, masters, split=name == "split-uint8", **kw)
+
+
+def update_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """The optimizer step alone on each model's parameter shapes, every form in one process,
+    rounds interleaved with the order rotated (memory-bound elementwise work: no bf16 matmul)."""
+    import gc
+
+    import torch
+
+    from hasten.bench.models import get_model_spec
+
+    torch.set_num_threads(args.threads)
+    results = []
+    for model in args.models:
+        shapes = [p.shape for p in get_model_spec(model, args.size).build(0).parameters()]
+        gen = torch.Generator().manual_seed(0)
+        masters = [torch.randn(s, generator=gen) * 0.02 for s in shapes]
+        grads = [(torch.randn(s, generator=gen) * 1e-3).bfloat16() for s in shapes]
+        opts, first = {}, {}
+        for name in args.updates:
+            opts[name] = _update_optimizer(name, masters, grads)
+            t0 = time.perf_counter()
+            opts[name].step()
+            first[name] = time.perf_counter() - t0
+            print(f"{model} {name}: first step {first[name]:.1f} s", file=sys.stderr, flush=True)
+        times: dict[str, list[float]] = {n: [] for n in opts}
+        order = list(opts)
+        for r in range(args.steps):
+            for name in order[r % len(order) :] + order[: r % len(order)]:
+                t0 = time.perf_counter()
+                opts[name].step()
+                times[name].append(time.perf_counter() - t0)
+        ref = (
+            statistics.median(times["AdamW(fused)-fp32"]) if "AdamW(fused)-fp32" in times else None
+        )
+        rows = []
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            rows.append(
+                {
+                    "name": name,
+                    "runs": UPDATES[name],
+                    "step_s": med,
+                    "step_min_s": min(ts),
+                    "step_max_s": max(ts),
+                    "vs_fused_fp32": ref / med if ref else None,
+                    "first_step_s": first[name],
+                    "steps": ts,
+                }
+            )
+        results.append(
+            {
+                "model": model,
+                "parameters": sum(s.numel() for s in shapes),
+                "tensors": len(shapes),
+                "candidates": rows,
+            }
+        )
+        del opts, masters, grads
+        gc.collect()
+    return {
+        "results": results,
+        "against_fp32_adamw": {n: _against_fused(n) for n in args.updates if n in _FORM},
+    }
+
+
+def _against_fused(name: str) -> dict[str, Any]:
+    """``name``'s update against fp32 ``AdamW(fused=True)`` from the same master and bf16
+    gradients, 3 steps on 1M random weights: the masters' largest difference as a share of the
+    largest update, and how the bf16 weight is rounded from the master."""
     import torch
 
     g = torch.Generator().manual_seed(1)
@@ -565,23 +845,66 @@ def _split_vs_master() -> str:
     master = torch.randn(n, generator=g) * 0.02
     grad = (torch.randn(n, generator=g) * 1e-3).bfloat16()
     p = torch.nn.Parameter(master.clone())
-    ref = torch.optim.AdamW([p], lr=1e-3, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
-    q = torch.nn.Parameter(master.clone().bfloat16())
-    opt = SplitAdamW([q], [master], lr=1e-3, weight_decay=WD)
+    ref = torch.optim.AdamW([p], lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
+    opt = _update_optimizer(name, [master], [grad])
+    q = opt.params[0]
     for _ in range(3):
         p.grad = grad.float()
         ref.step()
         q.grad = grad
         opt.step()
-    got = opt.master()
-    err = float((got - p.detach()).abs().max() / (p.detach() - master).abs().max())
-    off = q.detach() != got.bfloat16()  # round to nearest, ties to even
-    ties = int((opt.low[off] == -0x8000).sum())  # the split rounds ties away from zero
-    return (
-        f"after 3 steps the masters differ by at most {err:.1e} of the largest update; the bf16 "
-        f"weight is the master rounded to nearest on {n - int(off.sum())} of {n} weights, the "
-        f"other {int(off.sum())} ({ties} of them exact ties) one bf16 ulp away"
+    got = (
+        opt.master() if hasattr(opt, "master") else torch.cat([m.reshape(-1) for m in opt.masters])
     )
+    err = float((got - p.detach()).abs().max() / (p.detach() - master).abs().max())
+    off = q.detach().reshape(-1) != got.bfloat16()  # round to nearest, ties to even
+    out = {"max_master_diff_of_update": err, "weights": n, "not_nearest": int(off.sum())}
+    if hasattr(opt, "low_bits") and getattr(opt, "split", True):  # ties away from zero
+        out["ties"] = int((opt.low_bits()[off] == -0x8000).sum())
+    return out
+
+
+def render_update(out: dict[str, Any]) -> str:
+    s = out["settings"]
+    lines = [
+        f"The optimizer step alone on each model's parameter shapes (random weights and bf16 "
+        f"gradients), {s['timed_steps']} interleaved rounds (median), {s['threads']} threads; "
+        f"load average at start {out['machine'].get('load_average')}, at end "
+        f"{out.get('load_average_end')}; CPU {out['machine']['cpu']['model']}.",
+        "",
+    ]
+    for r in out["update"]["results"]:
+        lines += [
+            f"**{r['model']}** ({r['parameters'] / 1e6:.1f} M parameters in {r['tensors']} "
+            "tensors)",
+            "",
+            "| update | step s (min-max) | vs AdamW(fused) fp32 | first step s |",
+            "|---|---|---|---|",
+        ]
+        for c in r["candidates"]:
+            vs = f"{c['vs_fused_fp32']:.2f}x" if c["vs_fused_fp32"] else ""
+            lines.append(
+                f"| {c['name']} | {c['step_s']:.3f} ({c['step_min_s']:.3f}-{c['step_max_s']:.3f}) "
+                f"| {vs} | {c['first_step_s']:.1f} |"
+            )
+        lines.append("")
+    checks = out["update"].get("against_fp32_adamw", {})
+    if checks:
+        lines += [
+            "Against fp32 `AdamW(fused=True)` from the same master and bf16 gradients (3 steps, "
+            "1M random weights): the masters' largest difference as a share of the largest "
+            "update; bf16 weights not the master rounded to nearest (ties to even):",
+            "",
+        ]
+        for name, c in checks.items():
+            lines.append(
+                f"- {name}: {c['max_master_diff_of_update']:.1e}; {c['not_nearest']} of "
+                f"{c['weights']}"
+            )
+        lines.append("")
+    lines += ["| update | what runs |", "|---|---|"]
+    lines += [f"| {c['name']} | {c['runs']} |" for c in out["update"]["results"][0]["candidates"]]
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -596,6 +919,12 @@ def main() -> int:
     parser.add_argument("--candidates", default=",".join(DEFAULT_CANDIDATES))
     parser.add_argument("--profile", action="store_true", help="profile 2 steps per candidate")
     parser.add_argument("--numerics", action="store_true", help="the tiny-model loss curves only")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="the optimizer step alone on the models' parameter shapes, in one process",
+    )
+    parser.add_argument("--updates", default=",".join(UPDATES), help="the --update forms")
     parser.add_argument("--numerics-steps", type=int, default=300)
     parser.add_argument("--numerics-seeds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
@@ -609,7 +938,7 @@ def main() -> int:
     if args.child:
         return child(args)
     if args.json is None:
-        args.json = _default_json()
+        args.json = RESULTS / "compile-cpu-bf16-update.json" if args.update else _default_json()
     if args.numerics:
         from hasten.bench.demo import save_json
 
@@ -621,11 +950,43 @@ def main() -> int:
         print(render(record))
         return 0
     args.models = [m for m in args.models.split(",") if m]
+    if args.update:
+        return update_main(args)
     args.candidates = [c for c in args.candidates.split(",") if c]
     unknown = [c for c in args.candidates if c not in CANDIDATES]
     if unknown:
         parser.error(f"unknown candidates {unknown}; choose from {', '.join(CANDIDATES)}")
     return parent(args)
+
+
+def update_main(args: argparse.Namespace) -> int:
+    from hasten.bench.demo import save_json
+    from hasten.machine import machine_stamp
+
+    args.updates = [u for u in args.updates.split(",") if u]
+    unknown = [u for u in args.updates if u not in UPDATES]
+    if unknown:
+        raise SystemExit(f"unknown --updates {unknown}; choose from {', '.join(UPDATES)}")
+    started = time.perf_counter()
+    out: dict[str, Any] = {
+        "kind": "hasten.bench.bf16_weights",
+        "settings": {
+            "size": args.size,
+            "timed_steps": args.steps,
+            "threads": args.threads,
+            "nice": os.nice(0),
+            "optimizer": f"AdamW(lr={LR}, weight_decay={WD})",
+            "updates": list(args.updates),
+        },
+        "machine": machine_stamp(),
+    }
+    out["update"] = update_bench(args)
+    out["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    out["wall_s"] = time.perf_counter() - started
+    save_json(out, args.json)
+    print(render_update(out))
+    print(f"wrote {args.json}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
