@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +106,22 @@ class Scorer:
         self.device = None if device is None else torch.device(device)
         self.num_workers = num_workers
         self.stats = ScoringStats()
+        self._checked_bf16 = False
+
+    def _warn_if_emulated(self) -> None:
+        """Once: bf16 scoring on a CPU without bf16 units is slower than fp32, not faster."""
+        if self._checked_bf16:
+            return
+        self._checked_bf16 = True
+        from hasten.compiler.hooks.aten import native_bf16_cpu
+
+        if native_bf16_cpu() is False:
+            warnings.warn(
+                "Scorer(autocast_dtype=torch.bfloat16) on this CPU runs bf16 emulated: it lists "
+                "no AVX512-BF16 or AMX unit ('hasten doctor' shows what it has), so scoring is "
+                "usually slower than in fp32 here; leave autocast_dtype=None",
+                stacklevel=3,
+            )
 
     def __call__(self, indices: Tensor | Sequence[int]) -> Tensor:
         """Losses of the samples ``indices`` (float32, in the same order, on the scoring device)."""
@@ -122,6 +139,8 @@ class Scorer:
             collate_fn=self.collate_fn,
             num_workers=self.num_workers,
         )
+        if self.autocast_dtype == torch.bfloat16 and device.type == "cpu":
+            self._warn_if_emulated()
         out: list[Tensor] = []
         sizes = torch.arange(0, idx.numel(), self.batch_size).tolist()
         autocast = (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -58,6 +60,21 @@ def test_bf16_autocast_scores_close_to_fp32():
     rank_fp32 = fp32.argsort().argsort().float()
     rank_bf16 = bf16.argsort().argsort().float()
     assert torch.corrcoef(torch.stack((rank_fp32, rank_bf16)))[0, 1] > 0.99
+
+
+@pytest.mark.parametrize("flags", ["avx512f avx512bw", "avx512f avx512bw avx512_bf16"])
+def test_bf16_scoring_on_a_cpu_that_emulates_it_warns_once(monkeypatch, flags):
+    from hasten import machine
+
+    monkeypatch.setattr(machine, "_cpuinfo_field", lambda f: flags if f == "flags" else None)
+    ds, model = _setup(10)
+    scorer = Scorer(model, ds, _loss, autocast_dtype=torch.bfloat16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scorer(torch.arange(10))
+        scorer(torch.arange(10))
+    emulated = [w for w in caught if "emulated" in str(w.message)]
+    assert len(emulated) == (0 if "avx512_bf16" in flags else 1)
 
 
 def test_bad_scorer_arguments():
