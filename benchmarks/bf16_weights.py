@@ -510,43 +510,59 @@ def run_model(model: str, args: argparse.Namespace, env: dict[str, str]) -> dict
     return {"model": model, "tokens": [args.batch, args.seq], "candidates": list(res.values())}
 
 
+def _record(args: argparse.Namespace, **settings: Any) -> dict[str, Any]:
+    """A new record: the settings every run has, then ``settings``, and the machine's stamp."""
+    from hasten.machine import machine_stamp
+
+    common = {
+        "size": args.size,
+        "timed_steps": args.steps,
+        "threads": args.threads,
+        "nice": os.nice(0),
+        "optimizer": f"AdamW(lr={LR}, weight_decay={WD})",
+    }
+    return {
+        "kind": "hasten.bench.bf16_weights",
+        "settings": {**common, **settings},
+        "machine": machine_stamp(),
+    }
+
+
+def _finish(out: dict[str, Any], args: argparse.Namespace, started: float, note: str = "") -> int:
+    """Stamp the end of a run on ``out``, write it to ``args.json`` and print its table."""
+    from hasten.bench.demo import save_json
+
+    out["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    out["wall_s"] = time.perf_counter() - started
+    save_json(out, args.json)
+    print(render(out))
+    print(f"wrote {args.json}{note}", file=sys.stderr)
+    return 0
+
+
 def parent(args: argparse.Namespace) -> int:
     from hasten.bench.demo import save_json
-    from hasten.machine import machine_stamp
 
     logs = Path(tempfile.mkdtemp(prefix="bf16_weights-logs-"))
     env = dict(os.environ, HF_HUB_OFFLINE="1", BF16_WEIGHTS_LOGS=str(logs))
     env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bf16_weights-inductor-")
     started = time.perf_counter()
-    out: dict[str, Any] = {
-        "kind": "hasten.bench.bf16_weights",
-        "settings": {
-            "size": args.size,
-            "batch": args.batch,
-            "seq": args.seq,
-            "warmup": args.warmup,
-            "timed_steps": args.steps,
-            "threads": args.threads,
-            "nice": os.nice(0),
-            "inductor_cache": "cold",
-            "optimizer": f"AdamW(lr={LR}, weight_decay={WD})",
-            "candidates": list(args.candidates),
-        },
-        "machine": machine_stamp(),
-        "results": [],
-    }
+    out = _record(
+        args,
+        batch=args.batch,
+        seq=args.seq,
+        warmup=args.warmup,
+        inductor_cache="cold",
+        candidates=list(args.candidates),
+    )
+    out["results"] = []
     if args.json.exists():  # keep a --numerics record taken before
         old = json.loads(args.json.read_text(encoding="utf-8"))
         out.update({k: old[k] for k in ("numerics", "numerics_machine") if k in old})
     for model in args.models:
         out["results"].append(run_model(model, args, env))
         save_json(out, args.json)
-    out["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    out["wall_s"] = time.perf_counter() - started
-    save_json(out, args.json)
-    print(render(out))
-    print(f"wrote {args.json}; child logs in {logs}", file=sys.stderr)
-    return 0
+    return _finish(out, args, started, f"; child logs in {logs}")
 
 
 def render(out: dict[str, Any]) -> str:
@@ -960,33 +976,15 @@ def main() -> int:
 
 
 def update_main(args: argparse.Namespace) -> int:
-    from hasten.bench.demo import save_json
-    from hasten.machine import machine_stamp
 
     args.updates = [u for u in args.updates.split(",") if u]
     unknown = [u for u in args.updates if u not in UPDATES]
     if unknown:
         raise SystemExit(f"unknown --updates {unknown}; choose from {', '.join(UPDATES)}")
     started = time.perf_counter()
-    out: dict[str, Any] = {
-        "kind": "hasten.bench.bf16_weights",
-        "settings": {
-            "size": args.size,
-            "timed_steps": args.steps,
-            "threads": args.threads,
-            "nice": os.nice(0),
-            "optimizer": f"AdamW(lr={LR}, weight_decay={WD})",
-            "updates": list(args.updates),
-        },
-        "machine": machine_stamp(),
-    }
+    out = _record(args, updates=list(args.updates))
     out["update"] = update_bench(args)
-    out["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    out["wall_s"] = time.perf_counter() - started
-    save_json(out, args.json)
-    print(render_update(out))
-    print(f"wrote {args.json}", file=sys.stderr)
-    return 0
+    return _finish(out, args, started)
 
 
 if __name__ == "__main__":
