@@ -92,3 +92,29 @@ def test_torch_hooks_check_says_what_this_torch_lacks(monkeypatch):
         assert check.status == "fail" and "test.req" in check.detail and "torch>=" in check.fix
     finally:
         hooks.missing.cache_clear()
+
+
+def test_bf16_check_reads_the_cpus_flags(monkeypatch):
+    """doctor's bf16 line gives the answer precision='bf16' goes by."""
+    import torch
+
+    from hasten import doctor, machine
+
+    if torch.cuda.is_available():
+        return  # the line is about the GPU then
+    for flags, status in (
+        ("avx512f avx512bw", "warn"),  # AVX-512 alone: oneDNN emulates bf16
+        ("avx512f avx512bw avx512_bf16", "ok"),
+        ("avx512f amx_bf16 amx_tile", "ok"),
+    ):
+        monkeypatch.setattr(
+            machine, "_cpuinfo_field", lambda f, v=flags: v if f == "flags" else None
+        )
+        check = doctor._bf16()
+        assert check.status == status, (flags, check)
+        assert ("precision='fp32'" in check.fix) == (status == "warn")
+    monkeypatch.setattr(machine, "_cpuinfo_field", lambda f: None)  # no x86 flags: oneDNN's answer
+    from hasten.compiler.hooks.aten import native_bf16_cpu
+
+    want = {True: "ok", None: "info", False: "warn"}[native_bf16_cpu()]
+    assert doctor._bf16().status == want
