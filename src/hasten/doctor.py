@@ -161,17 +161,15 @@ def _bf16() -> Check:
             f"GPU bf16 {'supported' if ok else 'not supported'}",
             "" if ok else "use precision='fp16' (grad scaling) or fp32 on this GPU",
         )
-    units = cpu_bf16_units()
-    if units:
-        return Check("bf16", "ok", f"CPU bf16 in hardware ({', '.join(units)})")
-    if units is None:  # no x86 flags to read: what precision='bf16' goes by
-        from hasten.compiler.hooks.aten import native_bf16_cpu
+    from hasten.compiler.hooks.aten import native_bf16_cpu
 
-        native = native_bf16_cpu()
-        if native is None:
-            return Check("bf16", "info", "cannot tell whether this CPU has bf16 instructions")
-        if native:
-            return Check("bf16", "ok", "CPU bf16 supported (oneDNN's answer)")
+    native = native_bf16_cpu()  # what precision='bf16' goes by
+    if native is None:
+        return Check("bf16", "info", "cannot tell whether this CPU has bf16 instructions")
+    if native:
+        units = cpu_bf16_units()  # None: no x86 flags, oneDNN answered
+        where = ", ".join(units) if units else "oneDNN's answer"
+        return Check("bf16", "ok", f"CPU bf16 in hardware ({where})")
     return Check(
         "bf16",
         "warn",
