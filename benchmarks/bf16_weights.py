@@ -70,7 +70,7 @@ fp32 arithmetic).
 ``--update``: the optimizer step alone, on each model's parameter shapes (random weights, bf16
 gradients), every form and fp32 ``AdamW(fused=True)`` (today's ``precision="bf16"`` step) in one
 process, rounds interleaved with the order rotated; then each form against fp32 AdamW over 3
-steps from the same master. Memory-bound elementwise work with no bf16 matmul, so it means the
+steps from the same master. Memory-bound elementwise work with no bf16 matmul, so it means
 about the same on a CPU without bf16 units (bf16 conversions then take integer shifts). Writes
 ``benchmarks/results/compile-cpu-bf16-update.json`` unless ``--json``.
 
@@ -119,6 +119,8 @@ def _default_json() -> Path:
 class MasterAdamW:
     """fp32 master copies updated by ``AdamW(fused=True)``, copied back into bf16 parameters."""
 
+    split = False
+
     def __init__(self, params: list, masters: list, *, lr: float, weight_decay: float) -> None:
         import torch
 
@@ -140,6 +142,11 @@ class MasterAdamW:
                 m.grad = None if p.grad is None else p.grad.float()
             self.opt.step()
             torch._foreach_copy_(self.params, self.masters)
+
+    def master(self):
+        import torch
+
+        return torch.cat([m.reshape(-1) for m in self.masters])
 
 
 def _adamw(w, grad, exp_avg, exp_avg_sq, decay, step_size, beta1, beta2, bc2_sqrt, eps):
@@ -199,6 +206,13 @@ def split_update(top, low, grad, exp_avg, exp_avg_sq, *scalars) -> None:
     exp_avg_sq.copy_(v)
 
 
+def _low8(low_a, low_b):
+    """The signed low half (int32) kept as two uint8 tensors, as :func:`split8_update` keeps it."""
+    import torch
+
+    return low_a.to(torch.int32) + low_b.to(torch.int32) * 256 - 0x8000
+
+
 def split8_update(top, low_a, low_b, grad, exp_avg, exp_avg_sq, *scalars) -> None:
     """:func:`split_update` with the low half in two uint8 tensors, which Inductor vectorizes.
 
@@ -209,8 +223,7 @@ def split8_update(top, low_a, low_b, grad, exp_avg, exp_avg_sq, *scalars) -> Non
     """
     import torch
 
-    low = low_a.to(torch.int32) + low_b.to(torch.int32) * 256 - 0x8000
-    bits = top.float().view(torch.int32) + low
+    bits = top.float().view(torch.int32) + _low8(low_a, low_b)
     w, m, v = _adamw(bits.view(torch.float32), grad, exp_avg, exp_avg_sq, *scalars)
     nb = w.view(torch.int32)
     t = ((nb + 0x8000) >> 16) << 16
@@ -278,19 +291,14 @@ class FusedMasterAdamW:
 
         if not self.split:
             return torch.cat([w for (w,) in self.state])
-        out = []
-        for p, (a, b) in zip(self.flat, self.state):
-            low = a.to(torch.int32) + b.to(torch.int32) * 256 - 0x8000
-            out.append((p.float().view(torch.int32) + low).view(torch.float32))
-        return torch.cat(out)
+        top = torch.cat([p.float() for p in self.flat]).view(torch.int32)
+        return (top + self.low_bits()).view(torch.float32)
 
     def low_bits(self):
         """The split's low halves as signed int32 differences (``split=True`` only)."""
         import torch
 
-        return torch.cat(
-            [a.to(torch.int32) + b.to(torch.int32) * 256 - 0x8000 for a, b in self.state]
-        )
+        return torch.cat([_low8(a, b) for a, b in self.state])
 
     def step(self) -> None:
         import torch
@@ -317,6 +325,8 @@ class SplitAdamW:
     """bf16 parameters (views into one flat buffer: the masters' top halves) and one flat int16
     buffer of the masters' low halves; the gradients concatenated into one flat buffer and
     :func:`split_update` compiled over all of it each step."""
+
+    split = True
 
     def __init__(
         self,
@@ -693,11 +703,7 @@ def numerics(args: argparse.Namespace) -> dict[str, Any]:
             opt = _bf16_weights(m, name, lr=lr, weight_decay=WD)
             hasten.compile(m, regions="whole", verify_first_call=False)
             runs[name] = train(m, opt, data)
-            finals[name] = (
-                opt.master()
-                if name.endswith("split-AdamW")
-                else torch.cat([x.reshape(-1) for x in opt.masters])
-            )
+            finals[name] = opt.master()
         ref = runs["fp32-eager"]
         ref_tail = sum(ref[-tail:]) / tail
         table = {}
@@ -869,13 +875,11 @@ def _against_fused(name: str) -> dict[str, Any]:
         ref.step()
         q.grad = grad
         opt.step()
-    got = (
-        opt.master() if hasattr(opt, "master") else torch.cat([m.reshape(-1) for m in opt.masters])
-    )
+    got = opt.master()
     err = float((got - p.detach()).abs().max() / (p.detach() - master).abs().max())
     off = q.detach().reshape(-1) != got.bfloat16()  # round to nearest, ties to even
     out = {"max_master_diff_of_update": err, "weights": n, "not_nearest": int(off.sum())}
-    if hasattr(opt, "low_bits") and getattr(opt, "split", True):  # ties away from zero
+    if opt.split:  # the split rounds ties away from zero
         out["ties"] = int((opt.low_bits()[off] == -0x8000).sum())
     return out
 
@@ -976,7 +980,6 @@ def main() -> int:
 
 
 def update_main(args: argparse.Namespace) -> int:
-
     args.updates = [u for u in args.updates.split(",") if u]
     unknown = [u for u in args.updates if u not in UPDATES]
     if unknown:
