@@ -477,11 +477,21 @@ def parent(args: argparse.Namespace) -> int:
     for model in args.models:
         out["results"].append(run_model(model, args, env))
         save_json(out, args.json)  # a partial record survives a later failure
+    return finish(out, args.json, started, render, f"; child logs in {logs}")
+
+
+def finish(
+    out: dict[str, Any], path: Path, started: float, render: Callable[[dict], str], note: str = ""
+) -> int:
+    """Stamp the end of a run on ``out``, write it to ``path`` and print ``render``'s table
+    (bf16_weights.py's records end the same way)."""
+    from hasten.bench.demo import save_json
+
     out["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     out["wall_s"] = time.perf_counter() - started
-    save_json(out, args.json)
+    save_json(out, path)
     print(render(out))
-    print(f"wrote {args.json}; child logs in {logs}", file=sys.stderr)
+    print(f"wrote {path}{note}", file=sys.stderr)
     return 0
 
 

@@ -540,14 +540,7 @@ def _record(args: argparse.Namespace, **settings: Any) -> dict[str, Any]:
 
 def _finish(out: dict[str, Any], args: argparse.Namespace, started: float, note: str = "") -> int:
     """Stamp the end of a run on ``out``, write it to ``args.json`` and print its table."""
-    from hasten.bench.demo import save_json
-
-    out["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    out["wall_s"] = time.perf_counter() - started
-    save_json(out, args.json)
-    print(render(out))
-    print(f"wrote {args.json}{note}", file=sys.stderr)
-    return 0
+    return int(_bf16_step().finish(out, args.json, started, render, note))
 
 
 def parent(args: argparse.Namespace) -> int:
